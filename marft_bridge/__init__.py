@@ -1,0 +1,47 @@
+"""marft_bridge: capture multi-agent LLM apps as Flex-POMDP episodes, train per-agent LoRA adapters
+with MARFT, and hot-swap them back into the running application.
+
+Public names are resolved lazily so that ``import marft_bridge`` stays fast and pulls in neither
+pydantic models nor any optional extra until they are used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "SCHEMA_VERSION": "marft_bridge.schema",
+    "Episode": "marft_bridge.schema",
+    "Action": "marft_bridge.schema",
+    "Reward": "marft_bridge.schema",
+    "Message": "marft_bridge.schema",
+    "Observation": "marft_bridge.schema",
+    "Output": "marft_bridge.schema",
+    "SamplingParams": "marft_bridge.schema",
+    "Policy": "marft_bridge.schema",
+    "MarftError": "marft_bridge.errors",
+    "RecordError": "marft_bridge.errors",
+    "TraceStore": "marft_bridge.store",
+    "episode": "marft_bridge.recording",
+    "instrument": "marft_bridge.adapters.langgraph",
+    "uninstrument": "marft_bridge.adapters.langgraph",
+    "capture": "marft_bridge.adapters.langgraph",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'marft_bridge' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

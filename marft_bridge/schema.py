@@ -1,0 +1,376 @@
+"""Flex-POMDP records: Episode, Action, Reward and what they hold.
+
+The MARFT paper models a multi-agent LLM system as a Flex-POMDP whose dependency function D says
+which agents' decisions an agent's decision depends on. Here D is stored per action as
+``Action.depends_on`` (ids of earlier actions of the same episode whose output flowed into this
+action's observation), which makes an episode a DAG of actions.
+
+Records are pydantic v2 models: validated when built or parsed, JSON round-trip exactly. The
+invariants the store relies on are checked here, so every entry point (store, import, capture)
+refuses the same bad records with the same message.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from .errors import RecordError
+
+SCHEMA_VERSION = 1
+
+# Limits that keep one runaway record from filling the store ("oversized fields").
+MAX_TEXT_CHARS = 2_000_000
+MAX_TOKENS = 262_144
+MAX_NAME_CHARS = 256
+MAX_ACTIONS = 100_000
+MAX_REWARDS = 100_000
+
+ActionKind = Literal["llm", "tool", "message", "env"]
+EpisodeStatus = Literal["running", "completed", "failed"]
+TokenSource = Literal["server", "retokenize"]
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS)]
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class _Record(BaseModel):
+    # Unknown fields are refused rather than dropped: a typo must not silently lose data.
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+
+class Message(_Record):
+    """One chat message of an observation (OpenAI shape)."""
+
+    role: str = Field(min_length=1, max_length=64)
+    content: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)
+    name: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+
+
+class Observation(_Record):
+    """What the agent saw: chat messages and, when the server reported them, the prompt token ids."""
+
+    messages: list[Message] = Field(default_factory=list)
+    prompt: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)  # completions-API prompt
+    prompt_token_ids: list[int] | None = Field(default=None, max_length=MAX_TOKENS)
+
+
+class Output(_Record):
+    """What the agent produced. ``logprobs[i]`` is the behaviour log-prob of ``token_ids[i]``."""
+
+    text: str = Field(default="", max_length=MAX_TEXT_CHARS)
+    token_ids: list[int] | None = Field(default=None, max_length=MAX_TOKENS)
+    logprobs: list[float] | None = Field(default=None, max_length=MAX_TOKENS)
+    tool_calls: list[dict[str, Any]] | None = None
+    finish_reason: str | None = Field(default=None, max_length=64)
+
+    @field_validator("token_ids")
+    @classmethod
+    def _non_negative_ids(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(t < 0 for t in v):
+            raise ValueError("token ids must be >= 0")
+        return v
+
+    @field_validator("logprobs")
+    @classmethod
+    def _finite_logprobs(cls, v: list[float] | None) -> list[float] | None:
+        # Non-finite behaviour log-probs silently poison PPO ratios (see notes/PEERS.md #6).
+        if v is not None:
+            for i, x in enumerate(v):
+                if not math.isfinite(x):
+                    raise ValueError(f"log-prob {i} is {x}; log-probs must be finite")
+                if x > 1e-4:
+                    raise ValueError(f"log-prob {i} is {x} > 0; a log-probability is at most 0")
+        return v
+
+    @model_validator(mode="after")
+    def _lengths_match(self) -> Output:
+        if self.token_ids is not None and self.logprobs is not None and len(self.token_ids) != len(self.logprobs):
+            raise PydanticCustomError(
+                "invariant",
+                "{field}: {reason}",
+                {"field": "logprobs", "reason": f"{len(self.logprobs)} log-probs for {len(self.token_ids)} token ids"},
+            )
+        return self
+
+
+class SamplingParams(_Record):
+    """The sampling parameters actually used; the trainer recomputes log-probs under them."""
+
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1)
+    max_tokens: int | None = Field(default=None, ge=0)
+    seed: int | None = None
+    stop: list[str] | None = None
+    # True when the server's log-probs are after temperature/top-k/top-p (vLLM processed_logprobs).
+    logprobs_processed: bool | None = None
+
+
+class Policy(_Record):
+    """The adapter that produced an action (the model name is the adapter name, vLLM-style)."""
+
+    name: Name
+    version: int | None = Field(default=None, ge=0)
+    base_model: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+
+
+class Action(_Record):
+    """One decision of one agent at one Flex-POMDP step."""
+
+    id: str = Field(default_factory=new_id, min_length=1, max_length=MAX_NAME_CHARS)
+    agent: Name
+    step: int = Field(default=0, ge=0)
+    kind: ActionKind = "llm"
+    observation: Observation = Field(default_factory=Observation)
+    output: Output = Field(default_factory=Output)
+    sampling: SamplingParams | None = None
+    policy: Policy | None = None
+    depends_on: list[str] = Field(default_factory=list)
+    # "server": token ids/log-probs came from the serving engine; "retokenize": text only.
+    token_source: TokenSource | None = None
+    error: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _default_token_source(self) -> Action:
+        if self.token_source is None and self.kind == "llm":
+            self.token_source = "server" if self.output.token_ids is not None else "retokenize"
+        return self
+
+
+class Reward(_Record):
+    """A reward for the whole episode (team), one agent, or one action. May arrive late."""
+
+    id: str = Field(default_factory=new_id, min_length=1, max_length=MAX_NAME_CHARS)
+    value: float
+    agent: str | None = Field(default=None, min_length=1, max_length=MAX_NAME_CHARS)
+    action_id: str | None = Field(default=None, min_length=1, max_length=MAX_NAME_CHARS)
+    source: str = Field(default="unknown", min_length=1, max_length=MAX_NAME_CHARS)
+    created_at: datetime = Field(default_factory=utcnow)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError(f"reward is {v}; rewards must be finite")
+        return v
+
+
+def _invariant(field: str, reason: str) -> PydanticCustomError:
+    return PydanticCustomError("invariant", "{field}: {reason}", {"field": field, "reason": reason})
+
+
+class Episode(_Record):
+    """One run of the multi-agent system on one task."""
+
+    schema_version: int = SCHEMA_VERSION
+    id: str = Field(default_factory=new_id, min_length=1, max_length=MAX_NAME_CHARS)
+    source: str = Field(default="manual", min_length=1, max_length=MAX_NAME_CHARS)
+    task: Any = None
+    agents: list[str] = Field(default_factory=list)
+    actions: list[Action] = Field(default_factory=list, max_length=MAX_ACTIONS)
+    rewards: list[Reward] = Field(default_factory=list, max_length=MAX_REWARDS)
+    status: EpisodeStatus = "completed"
+    started_at: datetime = Field(default_factory=utcnow)
+    ended_at: datetime | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, v: int) -> int:
+        if v != SCHEMA_VERSION:
+            raise ValueError(f"unknown schema version {v}; this marft_bridge reads version {SCHEMA_VERSION}")
+        return v
+
+    @model_validator(mode="after")
+    def _check_invariants(self) -> Episode:
+        # Agents: declared ones stay in order; agents first seen in actions are appended.
+        known = list(dict.fromkeys(self.agents))
+        for a in self.actions:
+            if a.agent not in known:
+                known.append(a.agent)
+        self.agents = known
+        index: dict[str, int] = {}
+        for k, a in enumerate(self.actions):
+            if a.id in index:
+                raise _invariant(f"actions.{k}.id", f"duplicate action id {a.id!r}")
+            index[a.id] = k
+        for k, a in enumerate(self.actions):
+            for d in a.depends_on:
+                if d not in index:
+                    raise _invariant(f"actions.{k}.depends_on", f"unknown action id {d!r}")
+                if d == a.id:
+                    raise _invariant(f"actions.{k}.depends_on", "an action cannot depend on itself")
+        cycle = _find_cycle(self.actions)
+        if cycle:
+            raise _invariant("actions.depends_on", "dependency cycle " + " -> ".join(cycle))
+        for k, a in enumerate(self.actions):
+            for d in a.depends_on:
+                j = index[d]
+                if j > k:
+                    raise _invariant(f"actions.{k}.depends_on", f"depends on later action {d!r} (recorded at {j})")
+                if self.actions[j].step > a.step:
+                    raise _invariant(
+                        f"actions.{k}.depends_on",
+                        f"depends on action {d!r} of a later step ({self.actions[j].step} > {a.step})",
+                    )
+        for k, r in enumerate(self.rewards):
+            if r.action_id is not None and r.action_id not in index:
+                raise _invariant(f"rewards.{k}.action_id", f"unknown action id {r.action_id!r}")
+            if r.agent is not None and r.agent not in known:
+                raise _invariant(f"rewards.{k}.agent", f"unknown agent {r.agent!r}")
+        return self
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def action(self, action_id: str) -> Action:
+        for a in self.actions:
+            if a.id == action_id:
+                return a
+        raise KeyError(action_id)
+
+    def topological_order(self) -> list[Action]:
+        """Actions ordered so every action comes after those it depends on (ties: step, time, record order)."""
+        import heapq
+
+        pos = {a.id: k for k, a in enumerate(self.actions)}
+        indeg = {a.id: len(set(a.depends_on)) for a in self.actions}
+        children: dict[str, list[str]] = {a.id: [] for a in self.actions}
+        for a in self.actions:
+            for d in set(a.depends_on):
+                children[d].append(a.id)
+
+        def key(a: Action) -> tuple:
+            t = a.started_at.timestamp() if a.started_at else math.inf
+            return (a.step, t, pos[a.id])
+
+        heap = [(key(a), a.id) for a in self.actions if indeg[a.id] == 0]
+        heapq.heapify(heap)
+        out: list[Action] = []
+        while heap:
+            _, aid = heapq.heappop(heap)
+            act = self.actions[pos[aid]]
+            out.append(act)
+            for c in children[aid]:
+                indeg[c] -= 1
+                if indeg[c] == 0:
+                    heapq.heappush(heap, (key(self.actions[pos[c]]), c))
+        return out
+
+    def steps(self) -> list[int]:
+        return sorted({a.step for a in self.actions})
+
+    def dependency_matrix(self, step: int) -> tuple[list[str], list[list[int]]]:
+        """D at one step: ``D[i][j] = 1`` when an action of agent j at ``step`` depends on an action of agent i.
+
+        Rows and columns follow ``self.agents``. A dependency on an earlier step's action counts
+        (the paper's D links the decisions that feed one another; LangGraph runs dependent agents
+        in consecutive supersteps). An agent's dependence on its own earlier actions sets D[i][i].
+        """
+        agents = self.agents
+        ix = {n: i for i, n in enumerate(agents)}
+        by_id = {a.id: a for a in self.actions}
+        d = [[0] * len(agents) for _ in agents]
+        for a in self.actions:
+            if a.step != step:
+                continue
+            for dep in a.depends_on:
+                d[ix[by_id[dep].agent]][ix[a.agent]] = 1
+        return agents, d
+
+    def team_reward(self) -> float | None:
+        """Sum of episode-level rewards (no agent, no action), or None when there is none."""
+        vals = [r.value for r in self.rewards if r.agent is None and r.action_id is None]
+        return sum(vals) if vals else None
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, data: str | bytes, record: str | None = None) -> Episode:
+        return parse_episode(data, record=record)
+
+
+def _find_cycle(actions: list[Action]) -> list[str] | None:
+    """A dependency cycle as a list of ids (first id repeated at the end), or None."""
+    deps = {a.id: a.depends_on for a in actions}
+    color: dict[str, int] = {}
+    for root in deps:
+        if root in color:
+            continue
+        stack: list[tuple[str, int]] = [(root, 0)]
+        path: list[str] = []
+        while stack:
+            node, i = stack.pop()
+            if i == 0:
+                color[node] = 1
+                path.append(node)
+            children = [c for c in deps.get(node, []) if c in deps]
+            if i < len(children):
+                stack.append((node, i + 1))
+                c = children[i]
+                if color.get(c) == 1:
+                    return path[path.index(c):] + [c]
+                if c not in color:
+                    stack.append((c, 0))
+            else:
+                color[node] = 2
+                path.pop()
+    return None
+
+
+def _record_error(exc: ValidationError, record: str | None) -> RecordError:
+    err = exc.errors()[0]
+    ctx = err.get("ctx") or {}
+    if err.get("type") == "invariant":
+        prefix = ".".join(str(p) for p in err["loc"])
+        field = ".".join(p for p in (prefix, ctx["field"]) if p)
+        return RecordError(record, field, ctx["reason"])
+    field = ".".join(str(p) for p in err["loc"]) or None
+    return RecordError(record, field, err["msg"])
+
+
+def parse_episode(data: str | bytes | dict, record: str | None = None) -> Episode:
+    """Validate raw JSON (text or a decoded dict) into an Episode, or raise RecordError.
+
+    ``record`` names the source (for instance ``traces.jsonl line 7``); the episode's own id is
+    added when it can be read, so the message names both.
+    """
+    import json
+
+    if isinstance(data, (str, bytes)):
+        try:
+            data = json.loads(data)
+        except ValueError as e:
+            raise RecordError(record, None, f"malformed JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise RecordError(record, None, f"an episode must be a JSON object, not {type(data).__name__}")
+    eid = data.get("id")
+    name = ", ".join(p for p in (record, f"episode {eid}" if isinstance(eid, str) else None) if p) or None
+    try:
+        return Episode.model_validate(data)
+    except ValidationError as e:
+        raise _record_error(e, name) from None
+
+
+def validate_episode(episode: Episode) -> Episode:
+    """Re-validate an Episode object (it may have been mutated since it was built)."""
+    return parse_episode(episode.model_dump(mode="json"), record=None)
