@@ -1,0 +1,93 @@
+"""The store's relational layout (SQLAlchemy Core), shared by SQLite and PostgreSQL.
+
+Episodes, actions and rewards are normalized so late rewards and merged halves of an episode are
+plain inserts. Each row keeps its record as JSON text (``body``) for a lossless round trip — both
+backends then run one code path — next to the few columns that queries filter on.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+# Bump when the layout below changes; a database written with another version is refused.
+STORE_SCHEMA_VERSION = 1
+
+metadata = sa.MetaData()
+
+meta = sa.Table(
+    "marft_meta",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+)
+
+episodes = sa.Table(
+    "marft_episodes",
+    metadata,
+    sa.Column("id", sa.String(256), primary_key=True),
+    sa.Column("source", sa.String(256), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    # UTC epoch seconds: comparable across time zones (the ISO text with its offset lives in body).
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("ended_at", sa.Float),
+    sa.Column("n_actions", sa.Integer, nullable=False),
+    sa.Column("n_rewards", sa.Integer, nullable=False),
+    sa.Column("body", sa.Text, nullable=False),  # the episode without actions and rewards
+    sa.Index("ix_marft_episodes_started_at", "started_at"),
+    sa.Index("ix_marft_episodes_source", "source"),
+)
+
+episode_agents = sa.Table(
+    "marft_episode_agents",
+    metadata,
+    sa.Column("episode_id", sa.String(256), primary_key=True),
+    sa.Column("agent", sa.String(256), primary_key=True),
+    sa.Index("ix_marft_episode_agents_agent", "agent"),
+)
+
+actions = sa.Table(
+    "marft_actions",
+    metadata,
+    sa.Column("episode_id", sa.String(256), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True),  # recording order within the episode
+    sa.Column("id", sa.String(256), nullable=False),
+    sa.Column("agent", sa.String(256), nullable=False),
+    sa.Column("step", sa.Integer, nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+    sa.Index("ix_marft_actions_agent", "agent"),
+)
+
+rewards = sa.Table(
+    "marft_rewards",
+    metadata,
+    sa.Column("episode_id", sa.String(256), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True),
+    sa.Column("id", sa.String(256), nullable=False),
+    sa.Column("agent", sa.String(256)),
+    sa.Column("action_id", sa.String(256)),
+    sa.Column("value", sa.Float, nullable=False),
+    sa.Column("source", sa.String(256), nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+)
+
+dead_letters = sa.Table(
+    "marft_dead_letters",
+    metadata,
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("record", sa.Text),
+    sa.Column("field", sa.Text),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("raw", sa.Text),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+# Monotone change log: one row per episode write or reward; pollers keep the last seq they saw.
+changes = sa.Table(
+    "marft_changes",
+    metadata,
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("episode_id", sa.String(256), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)

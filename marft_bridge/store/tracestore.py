@@ -1,0 +1,673 @@
+"""TraceStore: Flex-POMDP episodes in SQLite (default) or PostgreSQL through SQLAlchemy Core.
+
+Every episode write is one transaction, so a crash never leaves half an episode. Writing an id
+that is already stored merges: the new actions and rewards are appended (cross-process capture
+writes the halves of one episode), and the merged episode must validate. Refused records go to a
+dead-letter table with the reason. A change log lets pollers (the continuous fine-tuning service)
+see which episodes were added, merged or rewarded since they last looked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from pydantic import ValidationError
+
+from ..errors import MarftError, RecordError
+from ..schema import Action, Episode, Reward, _record_error, parse_episode
+from . import tables as t
+from .records import DeadLetter, EpisodeNotFound, Refusal, WriteReport
+
+log = logging.getLogger("marft_bridge.store")
+
+DEFAULT_PATH = Path(".marft") / "traces.db"
+# A dead letter keeps the raw record for inspection, but not an unbounded one.
+MAX_DEAD_LETTER_CHARS = 1_000_000
+_READ_CHUNK = 200
+
+
+def normalize_url(url: str | os.PathLike | None) -> str:
+    """None -> the default SQLite file; a path -> SQLite file; ``postgresql://`` -> the psycopg driver."""
+    if url is None:
+        url = os.environ.get("MARFT_STORE") or DEFAULT_PATH
+    if isinstance(url, os.PathLike) or "://" not in str(url):
+        return "sqlite:///" + str(Path(url).expanduser().absolute())
+    url = str(url)
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    return url
+
+
+def _epoch(dt: datetime | float | int | str | None) -> float | None:
+    """UTC epoch seconds for a time filter or column; naive datetimes are taken as UTC."""
+    if dt is None:
+        return None
+    if isinstance(dt, (int, float)):
+        return float(dt)
+    if isinstance(dt, str):
+        dt = datetime.fromisoformat(dt)
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def _dumps(obj: Any) -> str:
+    # Floats as repr (exact round trip); compact separators keep rows small.
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+class TraceStore:
+    """Episodes, rewards, dead letters and a change log in one SQL database."""
+
+    def __init__(self, url: str, *, queue_size: int = 1000, on_full: str = "block"):
+        if on_full not in ("block", "drop"):
+            raise MarftError(f"on_full must be 'block' or 'drop', not {on_full!r}")
+        self.url = url
+        self._queue_size = queue_size
+        self._on_full = on_full
+        self._writer = None  # background writer for submit(), started on first use
+        self._closed = False
+        self._engine, self._reader = _create_engines(url)
+        self.is_postgres = self._engine.dialect.name == "postgresql"
+        self._init_schema()
+
+    @classmethod
+    def open(cls, url: str | os.PathLike | None = None, *, queue_size: int = 1000, on_full: str = "block") -> TraceStore:
+        """Open (creating if needed) a store.
+
+        ``url``: None -> ``$MARFT_STORE`` or ``./.marft/traces.db``; a filesystem path -> SQLite file;
+        ``sqlite:///...``; ``postgresql+psycopg://...`` (``postgresql://`` uses psycopg too).
+        ``queue_size``/``on_full`` configure ``submit()``'s bounded queue ("block" or "drop").
+        """
+        return cls(normalize_url(url), queue_size=queue_size, on_full=on_full)
+
+    def __repr__(self) -> str:
+        return f"TraceStore({self.display_url!r})"
+
+    @property
+    def display_url(self) -> str:
+        return sa.make_url(self.url).render_as_string(hide_password=True)
+
+    def __enter__(self) -> TraceStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- schema --------------------------------------------------------------------------------
+
+    def _init_schema(self) -> None:
+        try:
+            with self._engine.begin() as conn:
+                if self.is_postgres:
+                    # Serialize concurrent first opens of one fresh database.
+                    conn.execute(sa.text("select pg_advisory_xact_lock(hashtext(current_schema() || '.marft_meta'))"))
+                t.metadata.create_all(conn, checkfirst=True)
+                row = conn.execute(sa.select(t.meta.c.value).where(t.meta.c.key == "store_schema_version")).first()
+                if row is None:
+                    conn.execute(t.meta.insert().values(key="store_schema_version", value=str(t.STORE_SCHEMA_VERSION)))
+        except sa.exc.SQLAlchemyError as e:
+            self._dispose()
+            raise MarftError(f"cannot open trace store {self.display_url}: {_short(e)}") from None
+        found = int(row.value) if row is not None else t.STORE_SCHEMA_VERSION
+        if found != t.STORE_SCHEMA_VERSION:
+            self._dispose()
+            raise MarftError(
+                f"trace store {self.display_url} was written with store schema version {found}, but this "
+                f"marft_bridge uses version {t.STORE_SCHEMA_VERSION}; open it with the matching marft_bridge "
+                "version (export to JSONL there, import here) or point --store at another database"
+            )
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def add_episode(self, episode: Episode | dict | str | bytes) -> str:
+        """Validate and write one episode in one transaction; returns its id.
+
+        An id that is already stored is merged: new actions and rewards are appended (ones already
+        stored unchanged are skipped), status/ended_at/task are updated and metadata is merged.
+        Bad input raises RecordError and is kept in the dead-letter table.
+        """
+        self._check_open()
+        try:
+            data = _to_data(episode)
+            try:
+                ep, err = parse_episode(data), None
+            except RecordError as e:
+                # Half of an episode may depend on actions of the stored half: judge the merge.
+                ep, err = None, e
+            self._retry(lambda conn: self._write_episode_tx(conn, ep, data, err))
+        except RecordError as e:
+            self._dead_letter(e, episode)
+            raise
+        return ep.id if ep is not None else data["id"]
+
+    def add_episodes(self, episodes: Iterable[Episode | dict | str | bytes]) -> WriteReport:
+        """Write many episodes (each its own transaction); refused ones are dead-lettered and reported."""
+        report = WriteReport()
+        for item in episodes:
+            try:
+                self.add_episode(item)
+                report.added += 1
+            except RecordError as e:
+                report.refused += 1
+                report.refusals.append(Refusal(record=e.record, reason=str(e)))
+        return report
+
+    def add_reward(
+        self,
+        episode_id: str,
+        value: float,
+        agent: str | None = None,
+        action_id: str | None = None,
+        source: str = "user",
+        **meta: Any,
+    ) -> Reward:
+        """Attach a (possibly late) reward to a stored episode, one agent of it, or one action of it."""
+        self._check_open()
+        name = f"episode {episode_id}"
+        raw = {"episode_id": episode_id, "value": value, "agent": agent, "action_id": action_id, "source": source,
+               "metadata": meta}
+        try:
+            try:
+                reward = Reward(value=value, agent=agent, action_id=action_id, source=source, metadata=meta)
+            except ValidationError as e:
+                raise _record_error(e, f"{name} reward") from None
+            self._retry(lambda conn: self._insert_reward(conn, episode_id, reward))
+        except RecordError as e:
+            self._dead_letter(e, _safe_dumps(raw))
+            raise
+        return reward
+
+    def _insert_reward(self, conn: sa.Connection, episode_id: str, reward: Reward) -> None:
+        name = f"episode {episode_id}"
+        row = conn.execute(self._lock_episode(episode_id)).first()
+        if row is None:
+            raise RecordError(name, None, "no such episode in the store")
+        if reward.agent is not None:
+            known = conn.execute(
+                sa.select(t.episode_agents.c.agent).where(
+                    t.episode_agents.c.episode_id == episode_id, t.episode_agents.c.agent == reward.agent
+                )
+            ).first()
+            if known is None:
+                raise RecordError(name, "reward.agent", f"unknown agent {reward.agent!r}")
+        if reward.action_id is not None:
+            known = conn.execute(
+                sa.select(t.actions.c.seq).where(t.actions.c.episode_id == episode_id, t.actions.c.id == reward.action_id)
+            ).first()
+            if known is None:
+                raise RecordError(name, "reward.action_id", f"unknown action id {reward.action_id!r}")
+        self._insert_rewards(conn, episode_id, [reward.model_dump(mode="json")], row.n_rewards)
+        conn.execute(
+            t.episodes.update().where(t.episodes.c.id == episode_id).values(n_rewards=row.n_rewards + 1)
+        )
+        self._log_change(conn, episode_id, "reward")
+
+    def _retry(self, fn) -> None:
+        # A concurrent writer may insert the same new episode id first (PostgreSQL unique violation)
+        # or hold the SQLite lock past busy_timeout: retry the whole transaction, which then merges.
+        for attempt in range(5):
+            try:
+                with self._engine.begin() as conn:
+                    fn(conn)
+                return
+            except (sa.exc.IntegrityError, sa.exc.OperationalError) as e:
+                if attempt == 4:
+                    raise MarftError(f"trace store write failed: {_short(e)}") from None
+                time.sleep(0.05 * (attempt + 1))
+
+    def _lock_episode(self, episode_id: str) -> sa.Select:
+        q = sa.select(t.episodes.c.id, t.episodes.c.n_actions, t.episodes.c.n_rewards).where(t.episodes.c.id == episode_id)
+        return q.with_for_update() if self.is_postgres else q
+
+    def _write_episode_tx(self, conn: sa.Connection, ep: Episode | None, data: dict, err: RecordError | None) -> None:
+        eid = data.get("id")
+        row = conn.execute(self._lock_episode(eid)).first() if isinstance(eid, str) else None
+        if row is None:
+            if err is not None:
+                raise err
+            d = ep.model_dump(mode="json")
+            actions, rewards = d.pop("actions"), d.pop("rewards")
+            conn.execute(t.episodes.insert().values(_episode_row(d, len(actions), len(rewards))))
+            self._insert_agents(conn, ep.id, d["agents"])
+            self._insert_actions(conn, ep.id, actions, 0)
+            self._insert_rewards(conn, ep.id, rewards, 0)
+            self._log_change(conn, ep.id, "add")
+            return
+        old = self._load(conn, [eid])[0]
+        merged, new_actions, new_rewards = _merge(old, data)
+        d = merged.model_dump(mode="json", exclude={"actions", "rewards"})
+        conn.execute(
+            t.episodes.update()
+            .where(t.episodes.c.id == eid)
+            .values(_episode_row(d, len(merged.actions), len(merged.rewards)))
+        )
+        self._insert_agents(conn, eid, [a for a in merged.agents if a not in old.agents])
+        self._insert_actions(conn, eid, [a.model_dump(mode="json") for a in new_actions], len(old.actions))
+        self._insert_rewards(conn, eid, [r.model_dump(mode="json") for r in new_rewards], len(old.rewards))
+        self._log_change(conn, eid, "merge")
+
+    def _insert_agents(self, conn: sa.Connection, episode_id: str, agents: list[str]) -> None:
+        if agents:
+            conn.execute(t.episode_agents.insert(), [{"episode_id": episode_id, "agent": a} for a in agents])
+
+    def _insert_actions(self, conn: sa.Connection, episode_id: str, actions: list[dict], start: int) -> None:
+        if actions:
+            conn.execute(
+                t.actions.insert(),
+                [
+                    {"episode_id": episode_id, "seq": start + k, "id": a["id"], "agent": a["agent"], "step": a["step"],
+                     "kind": a["kind"], "body": _dumps(a)}
+                    for k, a in enumerate(actions)
+                ],
+            )
+
+    def _insert_rewards(self, conn: sa.Connection, episode_id: str, rewards: list[dict], start: int) -> None:
+        if rewards:
+            conn.execute(
+                t.rewards.insert(),
+                [
+                    {"episode_id": episode_id, "seq": start + k, "id": r["id"], "agent": r["agent"],
+                     "action_id": r["action_id"], "value": r["value"], "source": r["source"], "body": _dumps(r)}
+                    for k, r in enumerate(rewards)
+                ],
+            )
+
+    def _log_change(self, conn: sa.Connection, episode_id: str, kind: str) -> None:
+        if self.is_postgres:
+            # Sequence numbers are handed out at insert but become visible at commit; holding this
+            # lock to commit makes the visible order the seq order, so a poller never skips one.
+            conn.execute(sa.text(f"lock table {t.changes.name} in exclusive mode"))
+        conn.execute(t.changes.insert().values(episode_id=episode_id, kind=kind, created_at=time.time()))
+
+    def _dead_letter(self, err: RecordError, raw: Any) -> None:
+        text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace") if isinstance(raw, bytes) else _safe_dumps(raw)
+        if len(text) > MAX_DEAD_LETTER_CHARS:
+            text = text[:MAX_DEAD_LETTER_CHARS] + f"... [truncated, {len(text)} chars in all]"
+        try:
+            with self._engine.begin() as conn:
+                conn.execute(
+                    t.dead_letters.insert().values(
+                        record=err.record, field=err.field, reason=err.reason, raw=text, created_at=time.time()
+                    )
+                )
+        except sa.exc.SQLAlchemyError as e:  # the refusal itself still reaches the caller
+            log.error("could not keep dead letter for %s: %s", err, _short(e))
+
+    # -- background writes ---------------------------------------------------------------------
+
+    def submit(self, episode: Episode | dict | str | bytes) -> None:
+        """Queue an episode for the background writer and return at once (capture hooks use this).
+
+        The episode is snapshotted now, so later changes to the object are not written. Errors in
+        the writer are logged and dead-lettered, never raised here. With ``on_full="drop"`` a full
+        queue drops the episode and counts it (``stats()["dropped"]``).
+        """
+        self._check_open()
+        if self._writer is None:
+            from .writer import BackgroundWriter
+
+            self._writer = BackgroundWriter(self, self._queue_size, self._on_full)
+        self._writer.submit(episode)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every submitted episode is written; False if ``timeout`` passed first."""
+        return True if self._writer is None else self._writer.flush(timeout)
+
+    @property
+    def dropped(self) -> int:
+        return 0 if self._writer is None else self._writer.dropped
+
+    def close(self) -> None:
+        """Flush submitted episodes, stop the writer, release connections. Idempotent."""
+        if self._closed:
+            return
+        if self._writer is not None:
+            self._writer.stop()
+        self._closed = True
+        self._dispose()
+
+    def _dispose(self) -> None:
+        self._engine.dispose()
+        if self._reader is not self._engine:
+            self._reader.dispose()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise MarftError(f"trace store {self.display_url} is closed")
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def get_episode(self, episode_id: str) -> Episode:
+        """The stored episode (equal to the one added, merges and rewards included)."""
+        self._check_open()
+        with self._reader.connect() as conn:
+            found = self._load(conn, [episode_id])
+        if not found:
+            raise EpisodeNotFound(episode_id)
+        return found[0]
+
+    def has_episode(self, episode_id: str) -> bool:
+        with self._reader.connect() as conn:
+            return conn.execute(sa.select(t.episodes.c.id).where(t.episodes.c.id == episode_id)).first() is not None
+
+    def episodes(
+        self,
+        *,
+        source: str | None = None,
+        agent: str | None = None,
+        since: datetime | float | str | None = None,
+        until: datetime | float | str | None = None,
+        has_reward: bool | None = None,
+        limit: int | None = None,
+        newest_first: bool = False,
+    ) -> Iterator[Episode]:
+        """Stored episodes by start time, filtered; ``since`` inclusive, ``until`` exclusive."""
+        self._check_open()
+        where = _filters(source, agent, since, until, has_reward)
+        order = (t.episodes.c.started_at.desc(), t.episodes.c.id.desc()) if newest_first else (
+            t.episodes.c.started_at, t.episodes.c.id)
+        q = sa.select(t.episodes.c.id).where(*where).order_by(*order)
+        if limit is not None:
+            q = q.limit(limit)
+        with self._reader.connect() as conn:
+            ids = list(conn.execute(q).scalars())
+        for i in range(0, len(ids), _READ_CHUNK):
+            chunk = ids[i : i + _READ_CHUNK]
+            with self._reader.connect() as conn:
+                yield from self._load(conn, chunk)
+
+    def episode_rows(self, **filters: Any) -> list[dict]:
+        """Summary rows (id, source, status, times, counts, agents) without loading the episodes."""
+        limit = filters.pop("limit", None)
+        newest_first = filters.pop("newest_first", False)
+        where = _filters(**filters)
+        e = t.episodes.c
+        order = (e.started_at.desc(), e.id.desc()) if newest_first else (e.started_at, e.id)
+        q = sa.select(e.id, e.source, e.status, e.started_at, e.ended_at, e.n_actions, e.n_rewards).where(*where).order_by(*order)
+        if limit is not None:
+            q = q.limit(limit)
+        with self._reader.connect() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(q)]
+            ids = [r["id"] for r in rows]
+            agents: dict[str, list[str]] = {}
+            for i in range(0, len(ids), _READ_CHUNK):
+                for eid, agent in conn.execute(
+                    sa.select(t.episode_agents.c.episode_id, t.episode_agents.c.agent).where(
+                        t.episode_agents.c.episode_id.in_(ids[i : i + _READ_CHUNK]))
+                ):
+                    agents.setdefault(eid, []).append(agent)
+        for r in rows:
+            r["agents"] = sorted(agents.get(r["id"], []))
+        return rows
+
+    def count(
+        self,
+        *,
+        source: str | None = None,
+        agent: str | None = None,
+        since: datetime | float | str | None = None,
+        until: datetime | float | str | None = None,
+        has_reward: bool | None = None,
+    ) -> int:
+        self._check_open()
+        q = sa.select(sa.func.count()).select_from(t.episodes).where(*_filters(source, agent, since, until, has_reward))
+        with self._reader.connect() as conn:
+            return int(conn.execute(q).scalar_one())
+
+    def stats(self) -> dict[str, Any]:
+        """Counts: episodes, actions, rewards, dead letters, per agent and per source, time range."""
+        self._check_open()
+        e, a = t.episodes.c, t.actions.c
+
+        def n(table: sa.Table) -> int:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one())
+
+        with self._reader.connect() as conn:
+            out: dict[str, Any] = {
+                "url": self.display_url,
+                "episodes": n(t.episodes),
+                "actions": n(t.actions),
+                "rewards": n(t.rewards),
+                "dead_letters": n(t.dead_letters),
+                "episodes_with_reward": int(
+                    conn.execute(sa.select(sa.func.count()).where(e.n_rewards > 0)).scalar_one()),
+                "dropped": self.dropped,
+            }
+            lo, hi = conn.execute(sa.select(sa.func.min(e.started_at), sa.func.max(e.started_at))).one()
+            out["first_started_at"] = _from_epoch(lo)
+            out["last_started_at"] = _from_epoch(hi)
+            out["sources"] = {s: int(c) for s, c in conn.execute(
+                sa.select(e.source, sa.func.count()).group_by(e.source).order_by(e.source))}
+            agents: dict[str, dict[str, int]] = {}
+            for name, c in conn.execute(sa.select(t.episode_agents.c.agent, sa.func.count()).group_by(t.episode_agents.c.agent)):
+                agents[name] = {"episodes": int(c), "actions": 0}
+            for name, c in conn.execute(sa.select(a.agent, sa.func.count()).group_by(a.agent)):
+                agents.setdefault(name, {"episodes": 0, "actions": 0})["actions"] = int(c)
+            out["agents"] = dict(sorted(agents.items()))
+        return out
+
+    def dead_letters(self, limit: int | None = None) -> list[DeadLetter]:
+        """Refused records, newest first."""
+        self._check_open()
+        q = sa.select(t.dead_letters).order_by(t.dead_letters.c.seq.desc())
+        if limit is not None:
+            q = q.limit(limit)
+        with self._reader.connect() as conn:
+            return [
+                DeadLetter(seq=r.seq, record=r.record, field=r.field, reason=r.reason, raw=r.raw,
+                           created_at=_from_epoch(r.created_at))
+                for r in conn.execute(q)
+            ]
+
+    def cursor(self) -> int:
+        """The current position of the change log (pass it to ``changed_since`` later)."""
+        self._check_open()
+        with self._reader.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(t.changes.c.seq), 0))).scalar_one())
+
+    def changed_since(self, cursor: int, limit: int | None = None) -> tuple[int, list[str]]:
+        """Episodes added, merged or rewarded after ``cursor``: (new cursor, ids in order of change)."""
+        self._check_open()
+        q = sa.select(t.changes.c.seq, t.changes.c.episode_id).where(t.changes.c.seq > cursor).order_by(t.changes.c.seq)
+        if limit is not None:
+            q = q.limit(limit)
+        with self._reader.connect() as conn:
+            rows = conn.execute(q).all()
+        if not rows:
+            return cursor, []
+        return rows[-1].seq, list(dict.fromkeys(r.episode_id for r in rows))
+
+    def _load(self, conn: sa.Connection, ids: list[str]) -> list[Episode]:
+        """Episodes for ``ids`` (in that order; missing ids are skipped)."""
+        if not ids:
+            return []
+        bodies = {r.id: json.loads(r.body) for r in conn.execute(
+            sa.select(t.episodes.c.id, t.episodes.c.body).where(t.episodes.c.id.in_(ids)))}
+        for d in bodies.values():
+            d["actions"], d["rewards"] = [], []
+        for eid, body in conn.execute(
+            sa.select(t.actions.c.episode_id, t.actions.c.body).where(t.actions.c.episode_id.in_(ids))
+            .order_by(t.actions.c.episode_id, t.actions.c.seq)
+        ):
+            bodies[eid]["actions"].append(json.loads(body))
+        for eid, body in conn.execute(
+            sa.select(t.rewards.c.episode_id, t.rewards.c.body).where(t.rewards.c.episode_id.in_(ids))
+            .order_by(t.rewards.c.episode_id, t.rewards.c.seq)
+        ):
+            bodies[eid]["rewards"].append(json.loads(body))
+        return [Episode.model_validate(bodies[i]) for i in ids if i in bodies]
+
+    # -- files ---------------------------------------------------------------------------------
+
+    def export(self, path: str | os.PathLike, format: str | None = None, **filters: Any) -> int:
+        """Write the (filtered) episodes to JSONL (one episode a line) or Parquet; returns the count."""
+        from .files import export_episodes
+
+        return export_episodes(self, path, format, **filters)
+
+    def import_(self, path: str | os.PathLike, format: str | None = None) -> WriteReport:
+        """Validate and add every episode of a JSONL or Parquet file; bad records are refused and reported."""
+        from .files import import_file
+
+        return import_file(self, path, format)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _create_engines(url: str) -> tuple[sa.Engine, sa.Engine]:
+    """(writer, reader) engines. SQLite writers take the lock at BEGIN (IMMEDIATE) so concurrent
+    merges cannot deadlock on a lock upgrade; readers use plain deferred transactions in WAL mode."""
+    try:
+        u = sa.make_url(url)
+    except sa.exc.ArgumentError:
+        raise MarftError(f"not a store URL or path: {url!r}") from None
+    if u.get_backend_name() != "sqlite":
+        try:
+            engine = sa.create_engine(u, pool_pre_ping=True)
+        except (ImportError, sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as e:
+            raise MarftError(f"cannot use store URL {u.render_as_string(hide_password=True)}: {e}") from None
+        return engine, engine
+    memory = u.database in (None, "", ":memory:")
+    if not memory:
+        Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+
+    def make(begin: str) -> sa.Engine:
+        kw: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}}
+        if memory:
+            kw["poolclass"] = sa.pool.StaticPool
+        engine = sa.create_engine(u, **kw)
+
+        @sa.event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn, _record):
+            dbapi_conn.isolation_level = None  # let the "begin" hook below issue BEGIN itself
+            cur = dbapi_conn.cursor()
+            if not memory:
+                cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @sa.event.listens_for(engine, "begin")
+        def _on_begin(conn):
+            conn.exec_driver_sql(begin)
+
+        return engine
+
+    writer = make("BEGIN IMMEDIATE")
+    return writer, (writer if memory else make("BEGIN"))
+
+
+def _to_data(item: Episode | dict | str | bytes) -> dict:
+    """The raw episode as a dict (JSON decoded, Episode dumped); RecordError if it is not one."""
+    if isinstance(item, Episode):
+        try:
+            return item.model_dump(mode="json")
+        except Exception as e:  # noqa: BLE001 - a mutated object may hold anything
+            raise RecordError(f"episode {item.id}", None, f"cannot serialize: {e}") from None
+    if isinstance(item, (str, bytes)):
+        try:
+            item = json.loads(item)
+        except ValueError as e:
+            raise RecordError(None, None, f"malformed JSON: {e}") from None
+    if not isinstance(item, dict):
+        raise RecordError(None, None, f"an episode must be an Episode or a JSON object, not {type(item).__name__}")
+    return item
+
+
+def _validated(model: type, raw: Any, record: str, field: str):
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        err = _record_error(e, record)
+        raise RecordError(record, ".".join(p for p in (field, err.field) if p), err.reason) from None
+
+
+def _merge(old: Episode, new: dict) -> tuple[Episode, list[Action], list[Reward]]:
+    """Append the new half's actions and rewards to the stored episode; identical re-sent records
+    are skipped (a retried write is harmless), different ones with a stored id are refused."""
+    name = f"episode {old.id}"
+    parts = {}
+    for key, model, stored in (("actions", Action, old.actions), ("rewards", Reward, old.rewards)):
+        raw = new.get(key) or []
+        if not isinstance(raw, list):
+            raise RecordError(name, key, f"must be a list, not {type(raw).__name__}")
+        by_id = {r.id: r for r in stored}
+        fresh = []
+        for k, item in enumerate(raw):
+            rec = _validated(model, item, name, f"{key}.{k}")
+            if rec.id in by_id:
+                if by_id[rec.id] != rec:
+                    raise RecordError(name, f"{key}.{k}.id", f"{key[:-1]} {rec.id!r} is already stored with other content")
+                continue
+            fresh.append(rec)
+        parts[key] = fresh
+    data = old.model_dump(mode="json")
+    data["actions"] += [a.model_dump(mode="json") for a in parts["actions"]]
+    data["rewards"] += [r.model_dump(mode="json") for r in parts["rewards"]]
+    agents = new.get("agents") or []
+    data["agents"] = list(dict.fromkeys(old.agents + (agents if isinstance(agents, list) else [agents])))
+    for key in ("status", "ended_at", "task"):
+        if new.get(key) is not None:
+            data[key] = new[key]
+    meta = new.get("metadata") or {}
+    data["metadata"] = {**data["metadata"], **meta} if isinstance(meta, dict) else meta
+    if "schema_version" in new:
+        data["schema_version"] = new["schema_version"]
+    return parse_episode(data), parts["actions"], parts["rewards"]
+
+
+def _episode_row(d: dict, n_actions: int, n_rewards: int) -> dict:
+    return {
+        "id": d["id"],
+        "source": d["source"],
+        "status": d["status"],
+        "started_at": _epoch(d["started_at"]),
+        "ended_at": _epoch(d["ended_at"]),
+        "n_actions": n_actions,
+        "n_rewards": n_rewards,
+        "body": _dumps(d),
+    }
+
+
+def _filters(source=None, agent=None, since=None, until=None, has_reward=None) -> list:
+    e = t.episodes.c
+    where = []
+    if source is not None:
+        where.append(e.source == source)
+    if agent is not None:
+        where.append(e.id.in_(sa.select(t.episode_agents.c.episode_id).where(t.episode_agents.c.agent == agent)))
+    if since is not None:
+        where.append(e.started_at >= _epoch(since))
+    if until is not None:
+        where.append(e.started_at < _epoch(until))
+    if has_reward is not None:
+        where.append(e.n_rewards > 0 if has_reward else e.n_rewards == 0)
+    return where
+
+
+def _from_epoch(x: float | None) -> datetime | None:
+    return None if x is None else datetime.fromtimestamp(x, timezone.utc)
+
+
+def _safe_dumps(obj: Any) -> str:
+    try:
+        if isinstance(obj, Episode):
+            return obj.model_dump_json()
+        return json.dumps(obj, default=repr, ensure_ascii=False)
+    except Exception:  # noqa: BLE001 - keep whatever we can of a broken record
+        return repr(obj)
+
+
+def _short(e: Exception) -> str:
+    return str(getattr(e, "orig", None) or e).strip().splitlines()[0]
