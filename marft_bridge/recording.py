@@ -1,0 +1,429 @@
+"""The episode context and the recorder every capture adapter writes through.
+
+Adapters (LangGraph, OpenAI client, MCP, A2A, OpenTelemetry) never build an ``Episode`` by hand:
+they find or open an ``EpisodeRecorder`` and call ``record_action``; the recorder assigns ids and
+steps, checks dependencies, and at the end submits one validated ``Episode`` to the store's
+bounded background queue. Capture must never break the application, so adapters wrap their own
+work in ``guarded(...)``: an exception there is logged and counted, never raised into the app.
+
+API
+---
+``episode(store=None, task=None, source="manual", metadata=None)``
+    Context manager opening an explicit episode; yields its ``EpisodeRecorder``. Every capture
+    inside it (LangGraph runs, MCP calls, A2A messages, OpenAI calls) joins this episode. The
+    episode is current for the block's thread and for asyncio tasks and LangChain/LangGraph worker
+    threads started inside it (they copy the context). A plain ``threading.Thread`` does not copy
+    context: run its target with ``ep.wrap(fn)`` or inside ``with ep.activate():``. On exit the
+    episode is finished (status "failed" if the block raised) and submitted. ``store=None`` uses
+    the enclosing episode's store, else ``TraceStore.open()`` (./.marft/traces.db).
+
+``current_episode() -> EpisodeRecorder | None``
+    The open episode of this context, if any.
+
+``implicit_episode(store=None, source=..., task=None, metadata=None)``
+    For adapters: yields ``(recorder, owned)``. Joins the current episode when one is open
+    (``owned`` False: the caller must not finish it); otherwise opens a new one for this run,
+    makes it current, and finishes + submits it on exit (``owned`` True).
+
+``EpisodeRecorder`` (thread-safe)
+    ``.id``, ``.store``, ``.source``, ``.task``, ``.closed``
+    ``record_action(agent, *, kind="llm", step=None, observation=None, output=None,
+    sampling=None, policy=None, depends_on=(), error=None, started_at=None, ended_at=None,
+    metadata=None, token_source=None, action_id=None) -> str`` records one Action and returns
+    its id. ``observation``/``output``/``sampling``/``policy`` take schema objects or dicts.
+    ``step=None`` means "after everything recorded so far" (max step + 1, or 0). Dependencies on
+    unknown ids are dropped and counted as capture errors; a step lower than a dependency's step
+    is raised to it (the schema requires deps from the same or an earlier step).
+    ``new_action_id()`` reserves an id to pass as ``action_id`` later.
+    ``reward(value, agent=None, action_id=None, source="unknown", metadata=None)``: before the
+    episode is finished the reward travels with it; afterwards it goes to ``store.add_reward``.
+    ``set_task(task)``, ``max_step()``, ``actions()`` (a snapshot), ``last_action_id(agent=None)``,
+    ``activate()``, ``wrap(fn)``, ``finish(status="completed", error=None) -> Episode | None``
+    (idempotent; builds, validates and submits the episode).
+
+Errors and listeners
+    ``guarded(where, recorder=None)``: context manager that logs + counts any exception.
+    ``capture_error(where, exc, recorder=None)`` counts one; ``capture_stats()`` returns
+    ``{"errors": n, "by_where": {...}, "last": "..."}``; ``reset_capture_stats()`` for tests.
+    ``add_episode_listener(fn)`` / ``remove_episode_listener(fn)``: ``fn(episode)`` is called
+    with every finished episode (the OpenTelemetry span emitter uses it).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from .schema import Action, Episode, Observation, Output, Policy, Reward, SamplingParams, new_id, utcnow
+
+log = logging.getLogger("marft_bridge.capture")
+
+_CURRENT: contextvars.ContextVar[EpisodeRecorder | None] = contextvars.ContextVar("marft_episode", default=None)
+
+
+# -- capture errors ------------------------------------------------------------------------------
+
+
+class _Stats:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.errors = 0
+        self.by_where: Counter[str] = Counter()
+        self.last: str | None = None
+
+
+_STATS = _Stats()
+
+
+def capture_error(where: str, exc: BaseException, recorder: EpisodeRecorder | None = None) -> None:
+    """Log and count a failure inside capture code. Never raises."""
+    try:
+        msg = f"{where}: {type(exc).__name__}: {exc}"
+        with _STATS.lock:
+            _STATS.errors += 1
+            _STATS.by_where[where] += 1
+            _STATS.last = msg
+        if recorder is not None:
+            recorder._count_error(msg)
+        log.warning("marft capture error (the app is unaffected) in %s", msg, exc_info=exc)
+    except Exception:  # noqa: BLE001 - the error path itself must never raise into the app
+        pass
+
+
+@contextmanager
+def guarded(where: str, recorder: EpisodeRecorder | None = None) -> Iterator[None]:
+    """Run capture code; any exception is logged and counted instead of reaching the app."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001
+        capture_error(where, e, recorder)
+
+
+def capture_stats() -> dict[str, Any]:
+    with _STATS.lock:
+        return {"errors": _STATS.errors, "by_where": dict(_STATS.by_where), "last": _STATS.last}
+
+
+def reset_capture_stats() -> None:
+    with _STATS.lock:
+        _STATS.errors = 0
+        _STATS.by_where.clear()
+        _STATS.last = None
+
+
+# -- listeners -----------------------------------------------------------------------------------
+
+_LISTENERS: list[Callable[[Episode], None]] = []
+
+
+def add_episode_listener(fn: Callable[[Episode], None]) -> None:
+    if fn not in _LISTENERS:
+        _LISTENERS.append(fn)
+
+
+def remove_episode_listener(fn: Callable[[Episode], None]) -> None:
+    if fn in _LISTENERS:
+        _LISTENERS.remove(fn)
+
+
+# -- default store -------------------------------------------------------------------------------
+
+_default_store = None
+_default_store_lock = threading.Lock()
+
+
+def _resolve_store(store: Any) -> Any:
+    global _default_store
+    if store is not None:
+        return store
+    with _default_store_lock:
+        if _default_store is None:
+            from .store import TraceStore
+
+            _default_store = TraceStore.open()
+        return _default_store
+
+
+def _as(model: type, value: Any) -> Any:
+    if value is None or isinstance(value, model):
+        return value
+    return model.model_validate(value)
+
+
+# -- the recorder --------------------------------------------------------------------------------
+
+
+class EpisodeRecorder:
+    """Collects the actions and rewards of one episode; thread-safe; submits on ``finish``."""
+
+    def __init__(
+        self,
+        store: Any = None,
+        *,
+        task: Any = None,
+        source: str = "manual",
+        metadata: dict[str, Any] | None = None,
+        episode_id: str | None = None,
+    ):
+        self.id = episode_id or new_id()
+        self._store = store
+        self.task = task
+        self.source = source
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        self.started_at = utcnow()
+        self.closed = False
+        self.episode: Episode | None = None
+        self._lock = threading.Lock()
+        self._actions: list[Action] = []
+        self._index: dict[str, Action] = {}
+        self._rewards: list[Reward] = []
+        self._errors = 0
+
+    def __repr__(self) -> str:
+        return f"EpisodeRecorder(id={self.id!r}, source={self.source!r}, actions={len(self._actions)})"
+
+    @property
+    def store(self) -> Any:
+        # Resolved lazily: an episode that records nothing never opens the default database.
+        self._store = _resolve_store(self._store)
+        return self._store
+
+    # -- recording -------------------------------------------------------------------------------
+
+    @staticmethod
+    def new_action_id() -> str:
+        return new_id()
+
+    def set_task(self, task: Any) -> None:
+        if self.task is None:
+            self.task = task
+
+    def record_action(
+        self,
+        agent: str,
+        *,
+        kind: str = "llm",
+        step: int | None = None,
+        observation: Observation | dict | None = None,
+        output: Output | dict | None = None,
+        sampling: SamplingParams | dict | None = None,
+        policy: Policy | dict | None = None,
+        depends_on: Any = (),
+        error: str | None = None,
+        started_at: datetime | None = None,
+        ended_at: datetime | None = None,
+        metadata: dict[str, Any] | None = None,
+        token_source: str | None = None,
+        action_id: str | None = None,
+    ) -> str:
+        """Record one action and return its id (see the module docstring)."""
+        obs = _as(Observation, observation) or Observation()
+        out = _as(Output, output) or Output()
+        samp = _as(SamplingParams, sampling)
+        pol = _as(Policy, policy)
+        with self._lock:
+            if self.closed:
+                raise RuntimeError(f"episode {self.id} is already finished")
+            deps: list[str] = []
+            for d in dict.fromkeys(depends_on or ()):
+                if d in self._index:
+                    deps.append(d)
+                else:
+                    capture_error("recording.depends_on", LookupError(f"unknown action id {d!r}"), None)
+                    self._errors += 1
+            if step is None:
+                step = (max(a.step for a in self._actions) + 1) if self._actions else 0
+            dep_step = max((self._index[d].step for d in deps), default=0)
+            if step < dep_step:
+                step = dep_step
+            action = Action(
+                id=action_id or new_id(),
+                agent=agent,
+                step=step,
+                kind=kind,
+                observation=obs,
+                output=out,
+                sampling=samp,
+                policy=pol,
+                depends_on=deps,
+                token_source=token_source,
+                error=error,
+                started_at=started_at,
+                ended_at=ended_at or utcnow(),
+                metadata=metadata or {},
+            )
+            if action.id in self._index:
+                raise ValueError(f"duplicate action id {action.id!r}")
+            self._actions.append(action)
+            self._index[action.id] = action
+            return action.id
+
+    def reward(
+        self,
+        value: float,
+        agent: str | None = None,
+        action_id: str | None = None,
+        source: str = "unknown",
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        """A team reward (no agent/action), an agent's reward, or one action's reward."""
+        if self.closed:
+            # The episode may still sit in the write queue; the store can only reward a stored one.
+            self.store.flush()
+            self.store.add_reward(self.id, value, agent=agent, action_id=action_id, source=source)
+            return
+        r = Reward(value=value, agent=agent, action_id=action_id, source=source, metadata=metadata or {})
+        with self._lock:
+            known = {a.agent for a in self._actions}
+            if agent is not None and agent not in known:
+                raise ValueError(f"agent {agent!r} has no action in episode {self.id}; known agents: {sorted(known)}")
+            if action_id is not None and action_id not in self._index:
+                raise ValueError(f"action {action_id!r} is not part of episode {self.id}")
+            self._rewards.append(r)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def actions(self) -> list[Action]:
+        with self._lock:
+            return list(self._actions)
+
+    def get_action(self, action_id: str) -> Action | None:
+        return self._index.get(action_id)
+
+    def max_step(self) -> int | None:
+        with self._lock:
+            return max((a.step for a in self._actions), default=None)
+
+    def last_action_id(self, agent: str | None = None) -> str | None:
+        with self._lock:
+            for a in reversed(self._actions):
+                if agent is None or a.agent == agent:
+                    return a.id
+        return None
+
+    def _count_error(self, msg: str) -> None:
+        with self._lock:
+            self._errors += 1
+            self.metadata["last_capture_error"] = msg[:500]
+
+    # -- context ---------------------------------------------------------------------------------
+
+    @contextmanager
+    def activate(self) -> Iterator[EpisodeRecorder]:
+        """Make this episode current in this thread / task for the block."""
+        token = _CURRENT.set(self)
+        try:
+            yield self
+        finally:
+            _CURRENT.reset(token)
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` wrapped to run with this episode current (for plain threads)."""
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with self.activate():
+                return fn(*args, **kwargs)
+
+        return run
+
+    # -- finishing -------------------------------------------------------------------------------
+
+    def finish(self, status: str = "completed", error: str | None = None) -> Episode | None:
+        """Build, validate and submit the episode once. Returns it, or None when it was invalid."""
+        with self._lock:
+            if self.closed:
+                return self.episode
+            self.closed = True
+            meta = dict(self.metadata)
+            if self._errors:
+                meta["capture_errors"] = self._errors
+            if error:
+                meta["error"] = error[:2000]
+            actions, rewards = list(self._actions), list(self._rewards)
+        try:
+            ep = Episode(
+                id=self.id,
+                source=self.source,
+                task=self.task,
+                actions=actions,
+                rewards=rewards,
+                status=status,
+                started_at=self.started_at,
+                ended_at=utcnow(),
+                metadata=meta,
+            )
+        except Exception as e:  # noqa: BLE001 - a capture bug must not reach the app
+            capture_error("recording.finish", e)
+            return None
+        self.episode = ep
+        with guarded("recording.submit"):
+            self.store.submit(ep)
+        for fn in list(_LISTENERS):
+            with guarded(f"recording.listener {getattr(fn, '__name__', fn)}"):
+                fn(ep)
+        return ep
+
+
+# -- context managers ----------------------------------------------------------------------------
+
+
+def current_episode() -> EpisodeRecorder | None:
+    ep = _CURRENT.get()
+    return ep if ep is not None and not ep.closed else None
+
+
+@contextmanager
+def episode(
+    store: Any = None,
+    task: Any = None,
+    source: str = "manual",
+    metadata: dict[str, Any] | None = None,
+) -> Iterator[EpisodeRecorder]:
+    """Group everything captured in the block into one Episode (see the module docstring)."""
+    parent = current_episode()
+    if store is None and parent is not None:
+        store = parent._store
+    meta = dict(metadata or {})
+    if parent is not None:
+        meta.setdefault("parent_episode", parent.id)
+    rec = EpisodeRecorder(store, task=task, source=source, metadata=meta)
+    token = _CURRENT.set(rec)
+    try:
+        yield rec
+    except BaseException as e:
+        rec.finish("failed", f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        _CURRENT.reset(token)
+        rec.finish()
+
+
+@contextmanager
+def implicit_episode(
+    store: Any = None,
+    source: str = "capture",
+    task: Any = None,
+    metadata: dict[str, Any] | None = None,
+) -> Iterator[tuple[EpisodeRecorder, bool]]:
+    """For adapters: join the current episode, or open (and finish) one for this run."""
+    cur = current_episode()
+    if cur is not None:
+        cur.set_task(task)
+        yield cur, False
+        return
+    rec = EpisodeRecorder(store, task=task, source=source, metadata=metadata)
+    token = _CURRENT.set(rec)
+    try:
+        yield rec, True
+    except BaseException as e:
+        rec.finish("failed", f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        _CURRENT.reset(token)
+        rec.finish()
