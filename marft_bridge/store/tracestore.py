@@ -129,12 +129,13 @@ class TraceStore:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def add_episode(self, episode: Episode | dict | str | bytes) -> str:
+    def add_episode(self, episode: Episode | dict | str | bytes, *, record: str | None = None) -> str:
         """Validate and write one episode in one transaction; returns its id.
 
         An id that is already stored is merged: new actions and rewards are appended (ones already
         stored unchanged are skipped), status/ended_at/task are updated and metadata is merged.
-        Bad input raises RecordError and is kept in the dead-letter table.
+        Bad input raises RecordError and is kept in the dead-letter table; ``record`` names the
+        input in that message (for instance ``traces.jsonl line 7``).
         """
         self._check_open()
         try:
@@ -146,8 +147,10 @@ class TraceStore:
                 ep, err = None, e
             self._retry(lambda conn: self._write_episode_tx(conn, ep, data, err))
         except RecordError as e:
+            if record is not None and not (e.record or "").startswith(record):
+                e = RecordError(", ".join(p for p in (record, e.record) if p), e.field, e.reason)
             self._dead_letter(e, episode)
-            raise
+            raise e from None
         return ep.id if ep is not None else data["id"]
 
     def add_episodes(self, episodes: Iterable[Episode | dict | str | bytes]) -> WriteReport:

@@ -1,0 +1,301 @@
+"""``marft traces``: list, show, export, import, stats, dead letters and late rewards of a TraceStore."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from ..errors import MarftError
+
+_STORE_HELP = "store URL or SQLite path (default: $MARFT_STORE or ./.marft/traces.db; postgresql://... for PostgreSQL)"
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    store = argparse.ArgumentParser(add_help=False)
+    store.add_argument("--store", metavar="URL", default=None, help=_STORE_HELP)
+
+    filters = argparse.ArgumentParser(add_help=False)
+    g = filters.add_argument_group("filters")
+    g.add_argument("--source", help="only episodes from this source (langgraph, mcp, a2a, manual, ...)")
+    g.add_argument("--agent", help="only episodes in which this agent took part")
+    g.add_argument("--since", metavar="TIME", help="started at or after TIME: ISO date/time (UTC if no zone) or an age like 30m, 6h, 7d")
+    g.add_argument("--until", metavar="TIME", help="started before TIME (same forms as --since)")
+    r = g.add_mutually_exclusive_group()
+    r.add_argument("--rewarded", dest="has_reward", action="store_const", const=True, default=None,
+                   help="only episodes with at least one reward")
+    r.add_argument("--unrewarded", dest="has_reward", action="store_const", const=False, help="only episodes without rewards")
+
+    p = subparsers.add_parser(
+        "traces",
+        help="inspect, export and import stored episodes",
+        description="Inspect the Flex-POMDP episodes in a trace store, move them to and from JSONL/Parquet files, "
+        "and attach late rewards.",
+    )
+    sub = p.add_subparsers(dest="traces_command", metavar="ACTION", required=True)
+
+    c = sub.add_parser("list", parents=[store, filters], help="list episodes (newest first)",
+                       description="List stored episodes, newest first, as a table (or JSON lines with --json).")
+    c.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50; 0 = all)")
+    c.add_argument("--oldest-first", action="store_true", help="oldest episodes first")
+    c.add_argument("--json", action="store_true", help="one JSON object per episode instead of a table")
+    c.set_defaults(func=_list)
+
+    c = sub.add_parser("show", parents=[store], help="one episode: actions, rewards and dependency graph",
+                       description="Show one episode: its actions, rewards, and the dependency graph D per step "
+                       "(which actions' outputs flowed into each action).")
+    c.add_argument("episode_id", metavar="ID")
+    c.add_argument("--json", action="store_true", help="print the episode as JSON instead")
+    c.set_defaults(func=_show)
+
+    c = sub.add_parser("export", parents=[store, filters], help="write episodes to a JSONL or Parquet file",
+                       description="Write the (filtered) episodes to PATH: JSONL (one episode a line; '-' = stdout) "
+                       "or Parquet (one row an action, loadable with pandas). Lossless: import reads it back exactly.")
+    c.add_argument("path", metavar="PATH")
+    c.add_argument("--format", choices=["jsonl", "parquet"], help="default: from the suffix (.jsonl, .parquet)")
+    c.add_argument("--limit", type=int, default=None, help="at most this many episodes")
+    c.set_defaults(func=_export)
+
+    c = sub.add_parser("import", parents=[store], help="validate and add episodes from a JSONL or Parquet file",
+                       description="Validate every episode of PATH and add the valid ones (an id already stored is "
+                       "merged). Refused records are kept as dead letters with the reason. Exit status 1 when any "
+                       "record was refused.")
+    c.add_argument("path", metavar="PATH", help="a .jsonl or .parquet file ('-' = JSONL on stdin)")
+    c.add_argument("--format", choices=["jsonl", "parquet"], help="default: from the suffix")
+    c.set_defaults(func=_import)
+
+    c = sub.add_parser("stats", parents=[store], help="counts per agent and source, rewards, dead letters",
+                       description="Counts of episodes, actions, rewards and dead letters, per agent and per source.")
+    c.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    c.set_defaults(func=_stats)
+
+    c = sub.add_parser("dead-letters", parents=[store], help="refused records and why",
+                       description="Records the store refused, newest first, with the reason.")
+    c.add_argument("--limit", type=int, default=20, help="at most this many (default 20; 0 = all)")
+    c.add_argument("--raw", action="store_true", help="also print each raw record")
+    c.set_defaults(func=_dead_letters)
+
+    c = sub.add_parser("reward", parents=[store], help="attach a (late) reward to a stored episode",
+                       description="Attach a reward to an episode: the whole team by default, or one agent or action.")
+    c.add_argument("episode_id", metavar="ID")
+    c.add_argument("value", type=float)
+    c.add_argument("--agent", help="reward this agent only")
+    c.add_argument("--action", dest="action_id", help="reward this action only")
+    c.add_argument("--source", default="user", help="who gave it (default: user)")
+    c.set_defaults(func=_reward)
+
+
+# -- handlers ----------------------------------------------------------------------------------
+
+
+def _open(args):
+    from .tracestore import TraceStore
+
+    return TraceStore.open(args.store)
+
+
+def _console():
+    from rich.console import Console
+
+    # Full episode ids must stay copyable when the output is piped.
+    return Console(width=None if sys.stdout.isatty() else max(160, int(os.environ.get("COLUMNS", 0) or 0)),
+                   highlight=False)
+
+
+def _filters(args) -> dict[str, Any]:
+    return {
+        "source": args.source,
+        "agent": args.agent,
+        "since": _parse_time(args.since, "--since"),
+        "until": _parse_time(args.until, "--until"),
+        "has_reward": args.has_reward,
+    }
+
+
+def _parse_time(text: str | None, flag: str) -> datetime | None:
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
+    if m:
+        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}[m.group(2)]
+        return datetime.now(timezone.utc) - timedelta(**{unit: float(m.group(1))})
+    try:
+        dt = datetime.fromisoformat(text)
+    except ValueError:
+        raise MarftError(f"{flag} {text!r}: expected an ISO date/time (2025-01-31, 2025-01-31T12:00+02:00) or an age (30m, 6h, 7d)") from None
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+def _when(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, (int, float)):
+        x = datetime.fromtimestamp(x, timezone.utc)
+    return x.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _list(args) -> int:
+    with _open(args) as store:
+        rows = store.episode_rows(**_filters(args), limit=args.limit or None, newest_first=not args.oldest_first)
+        total = store.count(**_filters(args))
+    if args.json:
+        for r in rows:
+            r["started_at"] = _when(r["started_at"])
+            r["ended_at"] = _when(r["ended_at"]) if r["ended_at"] is not None else None
+            print(json.dumps(r))
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} of {total} episode(s) in {store.display_url}", title_justify="left")
+    table.add_column("id", no_wrap=True)
+    table.add_column("started (UTC)", no_wrap=True)
+    table.add_column("source")
+    table.add_column("status")
+    table.add_column("agents")
+    table.add_column("actions", justify="right")
+    table.add_column("rewards", justify="right")
+    for r in rows:
+        table.add_row(r["id"], _when(r["started_at"]), r["source"], r["status"], ", ".join(r["agents"]),
+                      str(r["n_actions"]), str(r["n_rewards"]))
+    _console().print(table)
+    return 0
+
+
+def _show(args) -> int:
+    with _open(args) as store:
+        ep = store.get_episode(args.episode_id)
+    if args.json:
+        print(ep.model_dump_json(indent=2))
+        return 0
+    from rich.table import Table
+    from rich.tree import Tree
+
+    console = _console()
+    team = ep.team_reward()
+    console.print(f"[bold]episode[/bold] {ep.id}")
+    console.print(f"  source {ep.source}   status {ep.status}   started {_when(ep.started_at)}   ended {_when(ep.ended_at)}")
+    console.print(f"  agents {', '.join(ep.agents) or '-'}   team reward {team if team is not None else '-'}")
+    if ep.task is not None:
+        console.print(f"  task {_preview(json.dumps(ep.task, ensure_ascii=False), 120)}", markup=False)
+
+    short = {a.id: f"#{k}" for k, a in enumerate(ep.actions)}
+    table = Table(title=f"{len(ep.actions)} action(s)", title_justify="left")
+    for col in ("#", "id", "agent", "step", "kind", "depends on", "policy", "tokens", "output"):
+        table.add_column(col, no_wrap=col in ("#", "id"))
+    for k, a in enumerate(ep.actions):
+        policy = f"{a.policy.name}" + (f" v{a.policy.version}" if a.policy and a.policy.version is not None else "") if a.policy else "-"
+        ntok = len(a.output.token_ids) if a.output.token_ids is not None else "-"
+        table.add_row(f"#{k}", a.id, a.agent, str(a.step), a.kind, " ".join(short[d] for d in a.depends_on) or "-",
+                      policy, str(ntok), _preview(a.error and f"error: {a.error}" or a.output.text, 60))
+    console.print(table)
+
+    if ep.rewards:
+        rt = Table(title=f"{len(ep.rewards)} reward(s)", title_justify="left")
+        for col in ("value", "for", "source", "at (UTC)"):
+            rt.add_column(col)
+        for r in ep.rewards:
+            target = f"action {short.get(r.action_id, r.action_id)}" if r.action_id else f"agent {r.agent}" if r.agent else "team"
+            rt.add_row(repr(r.value), target, r.source, _when(r.created_at))
+        console.print(rt)
+
+    by_id = {a.id: a for a in ep.actions}
+    tree = Tree("[bold]dependency graph[/bold] (D: whose output flowed into each action)")
+    for step in ep.steps():
+        branch = tree.add(f"step {step}")
+        for a in ep.topological_order():
+            if a.step != step:
+                continue
+            node = branch.add(f"{short[a.id]} {a.agent} ({a.kind})")
+            for d in a.depends_on:
+                node.add(f"<- {short[d]} {by_id[d].agent} (step {by_id[d].step})")
+    console.print(tree)
+    return 0
+
+
+def _preview(text: str | None, n: int) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _export(args) -> int:
+    with _open(args) as store:
+        n = store.export(args.path, format=args.format, **_filters(args), limit=args.limit)
+    if args.path != "-":
+        print(f"exported {n} episode(s) to {args.path}")
+    return 0
+
+
+def _import(args) -> int:
+    with _open(args) as store:
+        report = store.import_(args.path, format=args.format)
+    print(f"imported {args.path}: {report.added} added, {report.refused} refused")
+    for r in report.refusals[:20]:
+        print(f"  refused {r.reason}")
+    if report.refused > 20:
+        print(f"  ... and {report.refused - 20} more (marft traces dead-letters)")
+    return 1 if report.refused else 0
+
+
+def _stats(args) -> int:
+    with _open(args) as store:
+        s = store.stats()
+    if args.json:
+        print(json.dumps(s, default=str, indent=2))
+        return 0
+    from rich.table import Table
+
+    console = _console()
+    console.print(f"[bold]{s['url']}[/bold]")
+    console.print(
+        f"  {s['episodes']} episode(s) ({s['episodes_with_reward']} rewarded), {s['actions']} action(s), "
+        f"{s['rewards']} reward(s), {s['dead_letters']} dead letter(s)"
+    )
+    console.print(f"  first started {_when(s['first_started_at'])}, last started {_when(s['last_started_at'])}")
+    if s["agents"]:
+        t = Table(title="per agent", title_justify="left")
+        t.add_column("agent")
+        t.add_column("episodes", justify="right")
+        t.add_column("actions", justify="right")
+        for name, c in s["agents"].items():
+            t.add_row(name, str(c["episodes"]), str(c["actions"]))
+        console.print(t)
+    if s["sources"]:
+        t = Table(title="per source", title_justify="left")
+        t.add_column("source")
+        t.add_column("episodes", justify="right")
+        for name, c in s["sources"].items():
+            t.add_row(name, str(c))
+        console.print(t)
+    return 0
+
+
+def _dead_letters(args) -> int:
+    with _open(args) as store:
+        letters = store.dead_letters(limit=args.limit or None)
+    if not letters:
+        print("no dead letters")
+        return 0
+    from rich.table import Table
+
+    t = Table(title=f"{len(letters)} dead letter(s), newest first", title_justify="left")
+    for col in ("#", "at (UTC)", "record", "field", "reason"):
+        t.add_column(col)
+    for d in letters:
+        t.add_row(str(d.seq), _when(d.created_at), d.record or "-", d.field or "-", d.reason)
+    console = _console()
+    console.print(t)
+    if args.raw:
+        for d in letters:
+            console.print(f"#{d.seq}: {_preview(d.raw, 2000)}", markup=False)
+    return 0
+
+
+def _reward(args) -> int:
+    with _open(args) as store:
+        r = store.add_reward(args.episode_id, args.value, agent=args.agent, action_id=args.action_id, source=args.source)
+    print(f"reward {r.id} ({r.value!r}) added to episode {args.episode_id}")
+    return 0

@@ -1,0 +1,258 @@
+"""Export and import of episodes: JSONL (one episode a line) and Parquet (one row an action).
+
+Both are lossless: JSONL holds each episode's JSON as is; Parquet has flat columns for analysis
+with pandas or ``datasets`` (agent, step, kind, text, token ids, log-probs, ...) plus the exact
+JSON of each action (``action_json``) and of the episode around it (``episode_json``,
+``rewards_json``), which is what import reads. An episode without actions is one row with empty
+action columns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import MarftError, RecordError
+from .records import Refusal, WriteReport
+
+if TYPE_CHECKING:
+    from ..schema import Episode
+    from .tracestore import TraceStore
+
+FORMATS = ("jsonl", "parquet")
+_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+_BATCH = 500  # episodes per Parquet row group while exporting
+
+
+def detect_format(path: str | os.PathLike, format: str | None) -> str:
+    if format is not None:
+        if format not in FORMATS:
+            raise MarftError(f"unknown format {format!r}; use one of: {', '.join(FORMATS)}")
+        return format
+    if str(path) == "-":
+        return "jsonl"
+    fmt = _SUFFIXES.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise MarftError(f"cannot tell the format of {str(path)!r} from its suffix; pass format= (jsonl or parquet)")
+    return fmt
+
+
+# -- export ------------------------------------------------------------------------------------
+
+
+def export_episodes(store: TraceStore, path: str | os.PathLike, format: str | None = None, **filters: Any) -> int:
+    fmt = detect_format(path, format)
+    episodes = store.episodes(**filters)
+    if fmt == "parquet":
+        return _export_parquet(episodes, Path(path))
+    if str(path) == "-":
+        return _write_jsonl(episodes, sys.stdout)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    # Write beside the target and rename, so a failed export never leaves a truncated file behind.
+    tmp = Path(f"{path}.partial")
+    with open(tmp, "w", encoding="utf-8") as f:
+        n = _write_jsonl(episodes, f)
+    os.replace(tmp, path)
+    return n
+
+
+def _write_jsonl(episodes: Iterator[Episode], f) -> int:
+    n = 0
+    for ep in episodes:
+        f.write(ep.model_dump_json())
+        f.write("\n")
+        n += 1
+    return n
+
+
+def _parquet_schema():
+    import pyarrow as pa
+
+    ts = pa.timestamp("us", tz="UTC")
+    return pa.schema(
+        [
+            ("episode_id", pa.string()),
+            ("source", pa.string()),
+            ("status", pa.string()),
+            ("started_at", ts),
+            ("ended_at", ts),
+            ("agents", pa.list_(pa.string())),
+            ("team_reward", pa.float64()),
+            ("n_rewards", pa.int32()),
+            ("action_index", pa.int32()),
+            ("action_id", pa.string()),
+            ("agent", pa.string()),
+            ("step", pa.int32()),
+            ("kind", pa.string()),
+            ("depends_on", pa.list_(pa.string())),
+            ("policy_name", pa.string()),
+            ("policy_version", pa.int64()),
+            ("text", pa.string()),
+            ("token_ids", pa.list_(pa.int64())),
+            ("logprobs", pa.list_(pa.float64())),
+            ("prompt_token_ids", pa.list_(pa.int64())),
+            ("messages_json", pa.string()),
+            ("action_json", pa.string()),
+            ("episode_json", pa.string()),
+            ("rewards_json", pa.string()),
+        ]
+    )
+
+
+def _utc(dt: datetime | None) -> datetime | None:
+    if dt is None:
+        return None
+    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+
+
+def _rows(ep: Episode) -> Iterator[dict]:
+    head = ep.model_dump(mode="json", exclude={"actions", "rewards"})
+    common = {
+        "episode_id": ep.id,
+        "source": ep.source,
+        "status": ep.status,
+        "started_at": _utc(ep.started_at),
+        "ended_at": _utc(ep.ended_at),
+        "agents": ep.agents,
+        "team_reward": ep.team_reward(),
+        "n_rewards": len(ep.rewards),
+        "episode_json": json.dumps(head, ensure_ascii=False),
+        "rewards_json": json.dumps([r.model_dump(mode="json") for r in ep.rewards], ensure_ascii=False),
+    }
+    if not ep.actions:
+        yield common
+    for k, a in enumerate(ep.actions):
+        yield {
+            **common,
+            "action_index": k,
+            "action_id": a.id,
+            "agent": a.agent,
+            "step": a.step,
+            "kind": a.kind,
+            "depends_on": a.depends_on,
+            "policy_name": a.policy.name if a.policy else None,
+            "policy_version": a.policy.version if a.policy else None,
+            "text": a.output.text,
+            "token_ids": a.output.token_ids,
+            "logprobs": a.output.logprobs,
+            "prompt_token_ids": a.observation.prompt_token_ids,
+            "messages_json": json.dumps([m.model_dump(mode="json") for m in a.observation.messages], ensure_ascii=False),
+            "action_json": a.model_dump_json(),
+        }
+
+
+def _export_parquet(episodes: Iterator[Episode], path: Path) -> int:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise MarftError("Parquet needs pyarrow: pip install 'marft-bridge[parquet]'") from None
+    schema = _parquet_schema()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(f"{path}.partial")
+    n = 0
+    batch: list[dict] = []
+    with pq.ParquetWriter(tmp, schema) as writer:
+        for ep in episodes:
+            batch.extend(_rows(ep))
+            n += 1
+            if n % _BATCH == 0:
+                writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+                batch = []
+        if batch or n == 0:
+            writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+    os.replace(tmp, path)
+    return n
+
+
+# -- import ------------------------------------------------------------------------------------
+
+
+def import_file(store: TraceStore, path: str | os.PathLike, format: str | None = None) -> WriteReport:
+    fmt = detect_format(path, format)
+    if str(path) != "-" and not Path(path).is_file():
+        raise MarftError(f"no such file: {path}")
+    records = _read_parquet(Path(path)) if fmt == "parquet" else _read_jsonl(path)
+    report = WriteReport()
+    for name, raw in records:
+        try:
+            if isinstance(raw, _Broken):
+                store._dead_letter(raw.error, raw.raw)
+                raise raw.error
+            store.add_episode(raw, record=name)
+            report.added += 1
+        except RecordError as e:
+            report.refused += 1
+            report.refusals.append(Refusal(record=e.record, reason=str(e)))
+    return report
+
+
+def _read_jsonl(path: str | os.PathLike) -> Iterator[tuple[str, str | bytes]]:
+    label = "stdin" if str(path) == "-" else Path(path).name
+    f = sys.stdin.buffer if str(path) == "-" else open(path, "rb")
+    try:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield f"{label} line {n}", line.decode("utf-8")
+                except UnicodeDecodeError:
+                    yield f"{label} line {n}", line  # bytes: refused as malformed JSON, kept raw
+    finally:
+        if f is not sys.stdin.buffer:
+            f.close()
+
+
+def _read_parquet(path: Path) -> Iterator[tuple[str, dict | _Broken]]:
+    """Episodes rebuilt from the JSON columns, in file order (rows of one episode are contiguous)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise MarftError("Parquet needs pyarrow: pip install 'marft-bridge[parquet]'") from None
+    needed = ["episode_id", "action_index", "action_json", "episode_json", "rewards_json"]
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
+        raise MarftError(f"{path.name} is not a readable Parquet file: {e}") from None
+    missing = [c for c in needed if c not in pf.schema_arrow.names]
+    if missing:
+        raise MarftError(f"{path.name} lacks the column(s) {', '.join(missing)}; was it written by marft traces export?")
+    current: str | None = None
+    rows: list[dict] = []
+    first_row = 0
+    row_no = 0
+    for batch in pf.iter_batches(columns=needed, batch_size=4096):
+        for r in batch.to_pylist():
+            if r["episode_id"] != current and rows:
+                yield _episode_from_rows(path.name, first_row, rows)
+                rows = []
+            if not rows:
+                current, first_row = r["episode_id"], row_no
+            rows.append(r)
+            row_no += 1
+    if rows:
+        yield _episode_from_rows(path.name, first_row, rows)
+
+
+def _episode_from_rows(label: str, first_row: int, rows: list[dict]) -> tuple[str, dict | _Broken]:
+    name = f"{label} rows {first_row}-{first_row + len(rows) - 1}"
+    try:
+        episode = json.loads(rows[0]["episode_json"])
+        episode["rewards"] = json.loads(rows[0]["rewards_json"])
+        acts = sorted((r for r in rows if r["action_json"] is not None), key=lambda r: r["action_index"])
+        episode["actions"] = [json.loads(r["action_json"]) for r in acts]
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raw = json.dumps(rows, default=str, ensure_ascii=False)
+        return name, _Broken(RecordError(name, "action_json/episode_json", f"not episode JSON: {e}"), raw)
+    return name, episode
+
+
+class _Broken:
+    """A record that could not even be assembled: refused as is, with the reason."""
+
+    def __init__(self, error: RecordError, raw: str):
+        self.error, self.raw = error, raw
