@@ -13,6 +13,7 @@ from .errors import MarftError
 # Modules that define ``add_commands(subparsers)``; each handler is set with ``set_defaults(func=...)``.
 COMMAND_MODULES = [
     "marft_bridge.store.cli",
+    "marft_bridge.serving.cli",
 ]
 
 

@@ -1,0 +1,188 @@
+"""Reading and vetting peft LoRA adapter directories before anything loads them.
+
+Only ``adapter_model.safetensors`` + ``adapter_config.json`` are accepted: safetensors cannot run code
+on load, pickled ``.bin``/``.pt`` files can. The checks here need only the files (no torch model), so
+the registry can refuse a bad adapter at publish time and the server again before a swap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import MarftError
+
+WEIGHTS_FILE = "adapter_model.safetensors"
+CONFIG_FILE = "adapter_config.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+# Keys as peft saves them: "base_model.model.<module path>.lora_A.weight".
+_KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
+
+
+class AdapterError(MarftError):
+    """An adapter that cannot be published or loaded; the message says why."""
+
+
+class AdapterInfo(BaseModel):
+    """What a LoRA adapter directory holds, as far as compatibility checks need."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    rank: int
+    alpha: float
+    target_modules: tuple[str, ...]
+    base_model: str | None
+    # module path -> (in_features, out_features) implied by the lora_A / lora_B shapes
+    modules: dict[str, tuple[int, int]]
+    config: dict
+
+
+def find_adapter_dir(source: str | Path, agent: str | None = None) -> Path:
+    """The directory holding ``adapter_config.json``: ``source`` itself or ``source/<agent>``
+    (what ``save_pretrained(selected_adapters=[agent])`` writes)."""
+    source = Path(source)
+    if not source.is_dir():
+        raise AdapterError(f"adapter directory {source} does not exist")
+    if (source / CONFIG_FILE).is_file():
+        return source
+    if agent and (source / agent / CONFIG_FILE).is_file():
+        return source / agent
+    raise AdapterError(f"{source} holds no {CONFIG_FILE}" + (f" (nor {agent}/{CONFIG_FILE})" if agent else ""))
+
+
+def inspect_adapter(path: str | Path) -> AdapterInfo:
+    """Parse and vet an adapter directory; raise ``AdapterError`` for anything unsafe or inconsistent."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        pickled = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES) if path.is_dir() else []
+        if pickled:
+            raise AdapterError(
+                f"{path}: only safetensors adapters are accepted, found pickle file(s) {', '.join(pickled)} "
+                "(save with save_pretrained(..., safe_serialization=True))"
+            )
+        raise AdapterError(f"{path}: no {WEIGHTS_FILE}")
+    try:
+        config = json.loads((path / CONFIG_FILE).read_text())
+    except FileNotFoundError:
+        raise AdapterError(f"{path}: no {CONFIG_FILE}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise AdapterError(f"{path}: {CONFIG_FILE} is not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise AdapterError(f"{path}: {CONFIG_FILE} must hold a JSON object")
+    if config.get("peft_type") != "LORA":
+        raise AdapterError(f"{path}: peft_type {config.get('peft_type')!r} is not LORA")
+    # The same restrictions vLLM applies, so an adapter that serves here also serves there.
+    if config.get("use_dora"):
+        raise AdapterError(f"{path}: DoRA adapters are not supported")
+    if config.get("lora_bias") or config.get("bias", "none") != "none":
+        raise AdapterError(f"{path}: LoRA bias terms are not supported")
+    if config.get("modules_to_save"):
+        raise AdapterError(f"{path}: modules_to_save is not supported ({config['modules_to_save']})")
+    if config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise AdapterError(f"{path}: per-module rank_pattern/alpha_pattern is not supported")
+    rank = config.get("r")
+    if not isinstance(rank, int) or rank < 1:
+        raise AdapterError(f"{path}: rank r={rank!r} must be a positive integer")
+    targets = config.get("target_modules")
+    if isinstance(targets, str):
+        targets = [targets]
+    if not targets or not all(isinstance(t, str) for t in targets):
+        raise AdapterError(f"{path}: target_modules must be a non-empty list of module names")
+
+    shapes: dict[str, dict[str, tuple[int, int]]] = {}
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            for key in f.keys():
+                m = _KEY.match(key)
+                if m is None:
+                    raise AdapterError(f"{path}: unexpected tensor {key!r} (only LoRA A/B weights are accepted)")
+                tensor = f.get_tensor(key)
+                if tensor.dim() != 2:
+                    raise AdapterError(f"{path}: tensor {key} has shape {tuple(tensor.shape)}, expected 2-D")
+                if not bool(tensor.float().isfinite().all()):
+                    raise AdapterError(f"{path}: tensor {key} holds NaN or infinite values")
+                shapes.setdefault(m["module"], {})[m["ab"]] = tuple(tensor.shape)
+    except SafetensorError as e:
+        raise AdapterError(f"{path}: {WEIGHTS_FILE} is corrupt ({e})") from None
+    except OSError as e:
+        raise AdapterError(f"{path}: cannot read {WEIGHTS_FILE} ({e})") from None
+    if not shapes:
+        raise AdapterError(f"{path}: {WEIGHTS_FILE} holds no LoRA weights")
+
+    modules: dict[str, tuple[int, int]] = {}
+    for module, ab in sorted(shapes.items()):
+        if set(ab) != {"A", "B"}:
+            raise AdapterError(f"{path}: module {module} lacks lora_{'A' if 'A' not in ab else 'B'}")
+        (a_rank, in_features), (out_features, b_rank) = ab["A"], ab["B"]
+        if a_rank != rank or b_rank != rank:
+            raise AdapterError(
+                f"{path}: module {module} has rank {a_rank}/{b_rank} in its weights but the config says r={rank}"
+            )
+        if not any(module == t or module.endswith("." + t) for t in targets):
+            raise AdapterError(f"{path}: module {module} is not among target_modules {targets}")
+        modules[module] = (in_features, out_features)
+
+    alpha = config.get("lora_alpha", rank)
+    if not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+        raise AdapterError(f"{path}: lora_alpha {alpha!r} is not a number")
+    return AdapterInfo(
+        path=str(path),
+        rank=rank,
+        alpha=float(alpha),
+        target_modules=tuple(sorted(targets)),
+        base_model=config.get("base_model_name_or_path"),
+        modules=modules,
+        config=config,
+    )
+
+
+def base_fingerprint(model_dir: str | Path) -> str | None:
+    """A hash of a base model's architecture (its ``config.json`` without volatile keys), or None
+    when ``model_dir`` is not a local model directory. Two bases with the same fingerprint accept
+    the same adapters."""
+    cfg_path = Path(model_dir) / "config.json"
+    if not cfg_path.is_file():
+        return None
+    cfg = json.loads(cfg_path.read_text())
+    for key in ("transformers_version", "_name_or_path", "dtype", "torch_dtype", "use_cache"):
+        cfg.pop(key, None)
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_against_base(
+    info: AdapterInfo,
+    base_modules: dict[str, tuple[int, int]],
+    *,
+    base_name: str,
+    base_fp: str | None,
+    adapter_fp: str | None,
+    max_rank: int,
+) -> None:
+    """Refuse an adapter that was not trained for this base or exceeds the server's rank limit.
+
+    ``base_modules`` maps module paths of the served base model to (in_features, out_features).
+    """
+    if info.rank > max_rank:
+        raise AdapterError(f"{info.path}: rank {info.rank} exceeds the server's --max-lora-rank {max_rank}")
+    if adapter_fp is not None and base_fp is not None and adapter_fp != base_fp:
+        raise AdapterError(
+            f"{info.path}: trained for base model {info.base_model!r} (fingerprint {adapter_fp}), "
+            f"but this server runs {base_name!r} (fingerprint {base_fp})"
+        )
+    for module, (fin, fout) in info.modules.items():
+        if module not in base_modules:
+            raise AdapterError(f"{info.path}: target module {module} does not exist in base model {base_name!r}")
+        if base_modules[module] != (fin, fout):
+            raise AdapterError(
+                f"{info.path}: module {module} is {fin}->{fout} in the adapter but "
+                f"{base_modules[module][0]}->{base_modules[module][1]} in base model {base_name!r} (wrong base model)"
+            )

@@ -1,0 +1,202 @@
+"""``marft serve`` and ``marft adapters list|show|publish|promote|rollback``."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import sys
+
+from ..errors import MarftError
+
+DEFAULT_REGISTRY = os.environ.get("MARFT_REGISTRY", ".marft/adapters")
+
+
+def add_commands(sub) -> None:
+    serve = sub.add_parser(
+        "serve",
+        help="run the OpenAI-compatible server with per-agent LoRA adapters and hot-swap",
+        description="OpenAI-compatible server (chat/completions, streaming, log-probs, token ids) on a "
+        "transformers base model; request `model` = agent adapter name. Serves the current version of "
+        "every agent in the registry and hot-swaps new ones via POST /v1/load_lora_adapter (needs the "
+        "API key). Every response names the adapter version that produced it.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    serve.add_argument("--base-model", required=True, help="local transformers model directory")
+    serve.add_argument("--registry", default=DEFAULT_REGISTRY, help="adapter registry root (adapters load only from here)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None,
+                       help="key required on /v1 (also env MARFT_API_KEY); without one the admin endpoints are off")
+    serve.add_argument("--max-lora-rank", type=int, default=64, help="refuse adapters of a higher rank")
+    serve.add_argument("--max-batch-size", type=int, default=16, help="requests generated together")
+    serve.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long to gather a batch")
+    serve.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens a request may ask")
+    serve.add_argument("--max-request-bytes", type=int, default=1 << 20, help="largest request body")
+    serve.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    serve.set_defaults(func=_serve)
+
+    ad = sub.add_parser("adapters", help="versioned per-agent adapter registry",
+                        description="Publish, promote, roll back and list versioned LoRA adapters "
+                        "(<registry>/<agent>/v<N>/). With --server/--vllm, promote and rollback also "
+                        "hot-swap the version into that running server, and keep the old current "
+                        "version if the server refuses the new one.")
+    asub = ad.add_subparsers(dest="adapters_command", metavar="ACTION", required=True)
+
+    def common(p, server: bool = False):
+        p.add_argument("--registry", default=DEFAULT_REGISTRY, help="registry root (env MARFT_REGISTRY)")
+        if server:
+            g = p.add_mutually_exclusive_group()
+            g.add_argument("--server", help="URL of a running `marft serve` to load the version into")
+            g.add_argument("--vllm", help="URL of a vLLM server (runtime LoRA updating enabled) to load it into")
+            p.add_argument("--api-key", default=os.environ.get("MARFT_API_KEY"), help="server API key (env MARFT_API_KEY)")
+
+    p = asub.add_parser("list", help="list versions (* marks the current one)")
+    common(p)
+    p.add_argument("agent", nargs="?", help="only this agent")
+    p.add_argument("--json", action="store_true", help="print JSON lines")
+    p.set_defaults(func=_list)
+
+    p = asub.add_parser("show", help="print one version's manifest")
+    common(p)
+    p.add_argument("agent")
+    p.add_argument("version", nargs="?", type=int, help="default: current")
+    p.set_defaults(func=_show)
+
+    p = asub.add_parser("publish", help="copy a peft adapter dir into a new version")
+    common(p, server=True)
+    p.add_argument("agent")
+    p.add_argument("source", help="peft save_pretrained dir (holding adapter_config.json, or <agent>/ inside)")
+    p.add_argument("--metric", action="append", default=[], metavar="NAME=VALUE", help="metric to record (repeatable)")
+    p.add_argument("--parent", type=int, default=None, help="parent version (default: current)")
+    p.add_argument("--promote", action="store_true", help="make it current (and load it with --server/--vllm)")
+    p.set_defaults(func=_publish)
+
+    p = asub.add_parser("promote", help="make a version current")
+    common(p, server=True)
+    p.add_argument("agent")
+    p.add_argument("version", type=int)
+    p.set_defaults(func=_promote)
+
+    p = asub.add_parser("rollback", help="return to the previously promoted version")
+    common(p, server=True)
+    p.add_argument("agent")
+    p.set_defaults(func=_rollback)
+
+
+def _serve(args) -> int:
+    import torch
+    import uvicorn
+
+    from .engine import AdapterEngine
+    from .registry import AdapterRegistry
+    from .server import create_app
+
+    api_key = args.api_key or os.environ.get("MARFT_API_KEY") or None
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not os.path.isdir(args.base_model):
+        raise MarftError(f"--base-model {args.base_model} is not a model directory")
+    if not _is_loopback(args.host) and not api_key:
+        print(f"marft serve: warning: binding {args.host} without --api-key exposes the server", file=sys.stderr)
+    registry = AdapterRegistry(args.registry)
+    engine = AdapterEngine(
+        args.base_model,
+        registry=registry,
+        max_lora_rank=args.max_lora_rank,
+        max_batch_size=args.max_batch_size,
+        batch_wait_s=args.batch_wait_ms / 1000,
+        max_tokens_limit=args.max_tokens_limit,
+        dtype=args.dtype,
+    )
+    for agent in registry.agents():
+        version = registry.current(agent)
+        if version is None:
+            continue
+        try:
+            engine.load_adapter(agent, registry.path(agent, version))
+            print(f"marft serve: {agent} v{version}", file=sys.stderr)
+        except MarftError as e:  # one bad adapter must not keep the others from serving
+            print(f"marft serve: skipping {agent} v{version}: {e}", file=sys.stderr)
+    app = create_app(engine, api_key=api_key, max_request_bytes=args.max_request_bytes)
+    print(f"marft serve: {engine.base_name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        engine.close()
+    return 0
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _registry(args):
+    from .registry import AdapterRegistry
+
+    return AdapterRegistry(args.registry)
+
+
+def _publisher(args):
+    from .publishers import EmbeddedServerPublisher, VLLMPublisher
+
+    if getattr(args, "server", None):
+        return EmbeddedServerPublisher(args.server, args.api_key)
+    if getattr(args, "vllm", None):
+        return VLLMPublisher(args.vllm, args.api_key)
+    return None
+
+
+def _list(args) -> int:
+    rows = _registry(args).list(args.agent)
+    for row in rows:
+        m = row.manifest
+        if args.json:
+            print(json.dumps({**m.model_dump(), "path": row.path, "current": row.current}))
+        else:
+            metrics = " ".join(f"{k}={v:g}" for k, v in m.metrics.items())
+            parent = f"v{m.parent}" if m.parent else "-"
+            print(f"{'*' if row.current else ' '} {m.agent:<20} v{m.version:<4} parent={parent:<5} r={m.rank:<3} "
+                  f"{m.created_at[:19]}  {metrics}")
+    if not rows and not args.json:
+        print(f"no adapters in {_registry(args).root}", file=sys.stderr)
+    return 0
+
+
+def _show(args) -> int:
+    print(_registry(args).manifest(args.agent, args.version).model_dump_json(indent=2))
+    return 0
+
+
+def _publish(args) -> int:
+    metrics = {}
+    for item in args.metric:
+        name, sep, value = item.partition("=")
+        try:
+            metrics[name] = float(value)
+        except ValueError:
+            raise MarftError(f"--metric {item!r}: expected NAME=NUMBER") from None
+        if not sep or not name:
+            raise MarftError(f"--metric {item!r}: expected NAME=NUMBER")
+    reg = _registry(args)
+    version = reg.publish(args.agent, args.source, metrics=metrics, parent=args.parent, promote=args.promote,
+                          publisher=_publisher(args))
+    print(f"{args.agent} v{version}{' (current)' if args.promote else ''}: {reg.path(args.agent, version)}")
+    return 0
+
+
+def _promote(args) -> int:
+    _registry(args).promote(args.agent, args.version, publisher=_publisher(args))
+    print(f"{args.agent}: v{args.version} is current")
+    return 0
+
+
+def _rollback(args) -> int:
+    version = _registry(args).rollback(args.agent, publisher=_publisher(args))
+    print(f"{args.agent}: rolled back to v{version}")
+    return 0

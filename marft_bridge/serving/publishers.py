@@ -1,0 +1,93 @@
+"""Publishers put an adapter version in front of live traffic, behind one interface:
+
+- ``EmbeddedServerPublisher``: a ``marft serve`` process, over HTTP.
+- ``VLLMPublisher``: a vLLM OpenAI server with multi-LoRA. Launch it with
+  ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 vllm serve BASE --enable-lora --max-loras N --max-lora-rank R``;
+  every version is loaded from its own registry directory (vLLM does not notice changed weights
+  under a path it already loaded), and the registry path must be readable by the vLLM process.
+- ``InProcessPublisher``: an application that holds the model itself (an ``AdapterEngine``).
+
+``AdapterRegistry.promote(agent, v, publisher=p)`` loads through the publisher first and marks the
+version current only if the server accepted it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from ..errors import MarftError
+from .adapter_files import AdapterError
+
+
+class Publisher(ABC):
+    """Loads adapter versions into something that serves them."""
+
+    @abstractmethod
+    def load(self, name: str, path: str | Path, *, version: int | None = None) -> None:
+        """Serve the adapter at ``path`` under ``name``, replacing the one loaded now; raise
+        ``AdapterError`` if the server refuses it (the old one then keeps serving)."""
+
+    @abstractmethod
+    def unload(self, name: str) -> None:
+        """Stop serving ``name``."""
+
+    def deploy(self, registry, agent: str, version: int | None = None) -> int:
+        """Load ``agent``'s version (default: current) from the registry and return its number."""
+        version = version if version is not None else registry.current(agent)
+        if version is None:
+            raise AdapterError(f"agent {agent!r} has no current version to deploy")
+        self.load(agent, registry.path(agent, version), version=version)
+        return version
+
+
+class _HTTPPublisher(Publisher):
+    def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 60.0):
+        url = url.rstrip("/")
+        self.url = url[: -len("/v1")] if url.endswith("/v1") else url
+        self.api_key = api_key
+        self.timeout = timeout
+
+    def _post(self, endpoint: str, payload: dict) -> None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            r = httpx.post(f"{self.url}/v1/{endpoint}", json=payload, headers=headers, timeout=self.timeout)
+        except httpx.HTTPError as e:
+            raise MarftError(f"cannot reach the server at {self.url}: {e}") from None
+        if r.status_code >= 400:
+            try:
+                message = r.json()["error"]["message"]
+            except Exception:  # noqa: BLE001 - vLLM and proxies answer in other shapes
+                message = r.text.strip()[:500]
+            cls = AdapterError if r.status_code in (400, 404) else MarftError
+            raise cls(f"{endpoint} refused by {self.url} (HTTP {r.status_code}): {message}")
+
+    def load(self, name: str, path: str | Path, *, version: int | None = None) -> None:
+        self._post("load_lora_adapter", {"lora_name": name, "lora_path": str(path), "load_inplace": True})
+
+    def unload(self, name: str) -> None:
+        self._post("unload_lora_adapter", {"lora_name": name})
+
+
+class EmbeddedServerPublisher(_HTTPPublisher):
+    """A running ``marft serve`` (it reads the version number from the registry path)."""
+
+
+class VLLMPublisher(_HTTPPublisher):
+    """A vLLM server started with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``."""
+
+
+class InProcessPublisher(Publisher):
+    """An application holding its model object: anything with ``load_adapter(name, path, version=,
+    load_inplace=)`` and ``unload_adapter(name)``, such as ``AdapterEngine``."""
+
+    def __init__(self, model_holder):
+        self.holder = model_holder
+
+    def load(self, name: str, path: str | Path, *, version: int | None = None) -> None:
+        self.holder.load_adapter(name, path, version=version, load_inplace=True)
+
+    def unload(self, name: str) -> None:
+        self.holder.unload_adapter(name)

@@ -1,0 +1,234 @@
+"""Versioned adapter registry: ``<root>/<agent>/v<N>/`` holds one immutable adapter version
+(``adapter_model.safetensors``, ``adapter_config.json``, ``manifest.json``); ``<root>/<agent>/state.json``
+records which version is current and the promotion history that ``rollback`` walks back.
+
+Every version lives in its own directory and is never rewritten, so a server can load version N+1
+while N keeps serving, and vLLM never sees changed weights under a path it has cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from .adapter_files import CONFIG_FILE, WEIGHTS_FILE, AdapterError, base_fingerprint, find_adapter_dir, inspect_adapter
+
+if TYPE_CHECKING:
+    from .publishers import Publisher
+
+MANIFEST_FILE = "manifest.json"
+STATE_FILE = "state.json"
+AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+VERSION_DIR = re.compile(r"^v([1-9][0-9]{0,8})$")
+
+
+class AdapterManifest(BaseModel):
+    """What is known about one published adapter version."""
+
+    agent: str
+    version: int
+    parent: int | None = None
+    created_at: str
+    metrics: dict[str, float] = Field(default_factory=dict)
+    config: dict[str, Any] = Field(default_factory=dict)
+    config_hash: str
+    base_model: str | None = None
+    base_fingerprint: str | None = None
+    rank: int
+    target_modules: list[str]
+    sha256: str  # of adapter_model.safetensors
+
+
+class AdapterVersion(BaseModel):
+    """A row of ``AdapterRegistry.list()``."""
+
+    manifest: AdapterManifest
+    path: str
+    current: bool
+
+
+def check_agent_name(agent: str) -> str:
+    if not isinstance(agent, str) or not AGENT_NAME.match(agent) or ".." in agent:
+        raise AdapterError(f"invalid agent name {agent!r}: use letters, digits, '_', '-', '.' (at most 64)")
+    return agent
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class AdapterRegistry:
+    """Versioned per-agent LoRA adapters under one root directory."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root).expanduser().resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    # -- reading ---------------------------------------------------------------------------------
+    def agents(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and AGENT_NAME.match(p.name))
+
+    def versions(self, agent: str) -> list[int]:
+        d = self.root / check_agent_name(agent)
+        if not d.is_dir():
+            return []
+        found = (VERSION_DIR.match(p.name) for p in d.iterdir() if p.is_dir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def path(self, agent: str, version: int | None = None) -> Path:
+        """Directory of ``agent``'s version (default: the current one)."""
+        if version is None:
+            version = self.current(agent)
+            if version is None:
+                raise AdapterError(f"agent {agent!r} has no current adapter version in {self.root}")
+        p = self.root / check_agent_name(agent) / f"v{int(version)}"
+        if not (p / MANIFEST_FILE).is_file():
+            raise AdapterError(f"agent {agent!r} has no version {version} in {self.root}")
+        return p
+
+    def manifest(self, agent: str, version: int | None = None) -> AdapterManifest:
+        return AdapterManifest.model_validate_json((self.path(agent, version) / MANIFEST_FILE).read_text())
+
+    def current(self, agent: str) -> int | None:
+        return self._state(agent)["current"]
+
+    def list(self, agent: str | None = None) -> list[AdapterVersion]:
+        rows = []
+        for a in [agent] if agent else self.agents():
+            cur = self.current(a)
+            for v in self.versions(a):
+                rows.append(AdapterVersion(manifest=self.manifest(a, v), path=str(self.path(a, v)), current=v == cur))
+        return rows
+
+    def resolve(self, path: str | Path) -> tuple[str, int]:
+        """``(agent, version)`` of a version directory, refusing anything outside the registry root
+        (symlinks are followed first, so a link cannot point out of it)."""
+        try:
+            p = Path(path).expanduser().resolve(strict=True)
+        except (OSError, RuntimeError):
+            raise AdapterError(f"adapter path {path} does not exist") from None
+        try:
+            rel = p.relative_to(self.root)
+        except ValueError:
+            raise AdapterError(f"adapter path {path} is outside the registry {self.root}; refusing to load it") from None
+        m = VERSION_DIR.match(rel.parts[1]) if len(rel.parts) == 2 else None
+        if m is None or not AGENT_NAME.match(rel.parts[0]):
+            raise AdapterError(f"adapter path {path} is not a version directory <registry>/<agent>/v<N>")
+        if not (p / MANIFEST_FILE).is_file():
+            raise AdapterError(f"adapter path {path} has no {MANIFEST_FILE}; publish it with the registry")
+        return rel.parts[0], int(m.group(1))
+
+    # -- writing ---------------------------------------------------------------------------------
+    def publish(
+        self,
+        agent: str,
+        source_dir: str | Path,
+        *,
+        metrics: dict[str, float] | None = None,
+        parent: int | None = None,
+        config: dict[str, Any] | None = None,
+        promote: bool = False,
+        publisher: Publisher | None = None,
+    ) -> int:
+        """Copy a peft adapter directory (``source_dir`` or ``source_dir/<agent>``) into a new version
+        ``v<N>`` and return N. The adapter is vetted first; a bad one raises ``AdapterError`` and
+        leaves the registry unchanged. ``parent`` defaults to the current version."""
+        check_agent_name(agent)
+        src = find_adapter_dir(source_dir, agent)
+        info = inspect_adapter(src)
+        if parent is None:
+            parent = self.current(agent)
+        elif parent not in self.versions(agent):
+            raise AdapterError(f"parent version {parent} of agent {agent!r} does not exist")
+        config = dict(config or {})
+        adapter_config = json.loads((src / CONFIG_FILE).read_text())
+        config_hash = hashlib.sha256(
+            json.dumps({"adapter": adapter_config, "train": config}, sort_keys=True, default=str).encode()
+        ).hexdigest()[:16]
+        agent_dir = self.root / agent
+        agent_dir.mkdir(exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".publish-", dir=agent_dir))
+        try:
+            shutil.copyfile(src / WEIGHTS_FILE, tmp / WEIGHTS_FILE)
+            shutil.copyfile(src / CONFIG_FILE, tmp / CONFIG_FILE)
+            while True:  # a concurrent publisher may take N first: the rename then fails and we try N+1
+                version = max(self.versions(agent), default=0) + 1
+                manifest = AdapterManifest(
+                    agent=agent,
+                    version=version,
+                    parent=parent,
+                    created_at=datetime.now(timezone.utc).isoformat(),
+                    metrics={k: float(v) for k, v in (metrics or {}).items()},
+                    config=config,
+                    config_hash=config_hash,
+                    base_model=info.base_model,
+                    base_fingerprint=base_fingerprint(info.base_model) if info.base_model else None,
+                    rank=info.rank,
+                    target_modules=list(info.target_modules),
+                    sha256=_sha256(tmp / WEIGHTS_FILE),
+                )
+                (tmp / MANIFEST_FILE).write_text(manifest.model_dump_json(indent=2))
+                try:
+                    os.rename(tmp, agent_dir / f"v{version}")
+                    break
+                except OSError:
+                    if not (agent_dir / f"v{version}").exists():
+                        raise
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        if promote:
+            self.promote(agent, version, publisher=publisher)
+        return version
+
+    def promote(self, agent: str, version: int, *, publisher: Publisher | None = None) -> int:
+        """Make ``version`` current. With a publisher, the server loads it first; if it refuses, the
+        registry keeps the old current version."""
+        path = self.path(agent, version)
+        if publisher is not None:
+            publisher.load(agent, path, version=version)
+        state = self._state(agent)
+        state["current"] = version
+        state["history"].append(version)
+        self._write_state(agent, state)
+        return version
+
+    def rollback(self, agent: str, *, publisher: Publisher | None = None) -> int:
+        """Return to the version that was current before the latest promotion, and return it."""
+        state = self._state(agent)
+        history = list(state["history"])
+        if history and history[-1] == state["current"]:
+            history.pop()
+        if not history:
+            raise AdapterError(f"agent {agent!r} has no earlier promoted version to roll back to")
+        previous = history[-1]
+        if publisher is not None:
+            publisher.load(agent, self.path(agent, previous), version=previous)
+        self._write_state(agent, {"current": previous, "history": history})
+        return previous
+
+    # -- state file ------------------------------------------------------------------------------
+    def _state(self, agent: str) -> dict:
+        p = self.root / check_agent_name(agent) / STATE_FILE
+        if not p.is_file():
+            return {"current": None, "history": []}
+        return json.loads(p.read_text())
+
+    def _write_state(self, agent: str, state: dict) -> None:
+        p = self.root / agent / STATE_FILE
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, p)  # atomic: readers see the old or the new state, never half of one
