@@ -43,6 +43,7 @@ episode_agents = sa.Table(
     sa.Column("episode_id", sa.String(256), primary_key=True),
     sa.Column("agent", sa.String(256), primary_key=True),
     sa.Index("ix_marft_episode_agents_agent", "agent"),
+    sqlite_with_rowid=False,  # small rows: one b-tree instead of table + key index (fewer pages per commit)
 )
 
 actions = sa.Table(
@@ -55,7 +56,7 @@ actions = sa.Table(
     sa.Column("step", sa.Integer, nullable=False),
     sa.Column("kind", sa.String(16), nullable=False),
     sa.Column("body", sa.Text, nullable=False),
-    sa.Index("ix_marft_actions_agent", "agent"),
+    # No agent index here: agent filters go through marft_episode_agents; each index costs pages per commit.
 )
 
 rewards = sa.Table(
@@ -69,6 +70,7 @@ rewards = sa.Table(
     sa.Column("value", sa.Float, nullable=False),
     sa.Column("source", sa.String(256), nullable=False),
     sa.Column("body", sa.Text, nullable=False),
+    sqlite_with_rowid=False,
 )
 
 dead_letters = sa.Table(

@@ -86,12 +86,12 @@ class BackgroundWriter:
 
 
 def _snapshot(episode: Any) -> Any:
-    """A copy the caller may keep mutating: the JSON-mode dump of an Episode (cheap, done in Rust)."""
+    """A copy the caller may keep mutating: the dump of an Episode (cheap, done in Rust)."""
     from ..schema import Episode
 
     if isinstance(episode, Episode):
         try:
-            return episode.model_dump(mode="json")
+            return episode.model_dump()
         except Exception:  # noqa: BLE001 - the writer dead-letters what it cannot parse
             return repr(episode)
     return episode

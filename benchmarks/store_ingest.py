@@ -1,0 +1,124 @@
+"""Ingest benchmark: actions/s written through TraceStore next to a bare ``sqlite3`` executemany of
+the same action rows, measured side by side in one run, and episodes/s read back.
+
+    .venv/bin/python benchmarks/store_ingest.py [--episodes 400] [--actions 10] [--repeat 3]
+
+Two bare-sqlite baselines bracket the store: "rows ready" inserts action rows serialized before
+the clock starts (pure database cost); "serialize+insert" also turns each Action into its JSON
+row inside the timed loop (what a hand-written logger has to do). Both commit once per episode
+in WAL mode with synchronous=NORMAL, like the store. The store additionally validates every
+episode (DAG, lengths, limits) and writes the episode, agent, reward and change-log rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sqlite3
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def make_episodes(n: int, k: int, seed: int = 0):
+    from marft_bridge.schema import Action, Episode, Message, Observation, Output, Policy, Reward, SamplingParams
+
+    rng = random.Random(seed)
+    agents = ["planner", "coder", "critic"]
+    out = []
+    for e in range(n):
+        acts = []
+        for j in range(k):
+            toks = [rng.randrange(32000) for _ in range(48)]
+            deps = [acts[-1].id] if acts else []
+            acts.append(
+                Action(
+                    agent=agents[j % 3],
+                    step=j,
+                    observation=Observation(
+                        messages=[Message(role="system", content="You are a helpful agent."),
+                                  Message(role="user", content=f"task {e} step {j}: " + "x" * 160)],
+                        prompt_token_ids=[rng.randrange(32000) for _ in range(64)],
+                    ),
+                    output=Output(text="y" * 200, token_ids=toks, logprobs=[-rng.random() for _ in toks],
+                                  finish_reason="stop"),
+                    sampling=SamplingParams(temperature=0.7, top_p=0.95, max_tokens=256),
+                    policy=Policy(name=agents[j % 3], version=3),
+                    depends_on=deps,
+                )
+            )
+        out.append(Episode(source="bench", task={"q": e}, actions=acts, rewards=[Reward(value=1.0, source="checker")]))
+    return out
+
+
+def bare_sqlite(path: Path, episodes, rows_ready: bool) -> float:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("create table actions (episode_id text, seq integer, id text, agent text, step integer, "
+                 "kind text, body text, primary key (episode_id, seq))")
+    ready = [[(ep.id, s, a.id, a.agent, a.step, a.kind, a.model_dump_json()) for s, a in enumerate(ep.actions)]
+             for ep in episodes] if rows_ready else None
+    t0 = time.perf_counter()
+    for i, ep in enumerate(episodes):
+        rows = ready[i] if rows_ready else [
+            (ep.id, s, a.id, a.agent, a.step, a.kind, a.model_dump_json()) for s, a in enumerate(ep.actions)]
+        conn.execute("BEGIN")
+        conn.executemany("insert into actions values (?, ?, ?, ?, ?, ?, ?)", rows)
+        conn.execute("COMMIT")
+    dt = time.perf_counter() - t0
+    conn.close()
+    return dt
+
+
+def store_write(path: Path, episodes) -> tuple[float, float]:
+    from marft_bridge.store import TraceStore
+
+    store = TraceStore.open(path)
+    t0 = time.perf_counter()
+    for ep in episodes:
+        store.add_episode(ep)
+    dt_write = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    n = sum(1 for _ in store.episodes())
+    dt_read = time.perf_counter() - t0
+    assert n == len(episodes)
+    store.close()
+    return dt_write, dt_read
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--episodes", type=int, default=400)
+    ap.add_argument("--actions", type=int, default=10, help="actions per episode")
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds; medians are reported")
+    args = ap.parse_args()
+    episodes = make_episodes(args.episodes, args.actions)
+    n_actions = args.episodes * args.actions
+    res: dict[str, list[float]] = {"store": [], "ready": [], "serialize": [], "read": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeat):
+            # Interleaved so machine noise hits every contender alike.
+            res["ready"].append(bare_sqlite(Path(tmp, f"ready{r}.db"), episodes, True))
+            res["serialize"].append(bare_sqlite(Path(tmp, f"ser{r}.db"), episodes, False))
+            w, rd = store_write(Path(tmp, f"store{r}.db"), episodes)
+            res["store"].append(w)
+            res["read"].append(rd)
+    med = {k: statistics.median(v) for k, v in res.items()}
+    rate = {k: n_actions / med[k] for k in ("store", "ready", "serialize")}
+    print(f"{args.episodes} episodes x {args.actions} actions, median of {args.repeat} interleaved rounds")
+    print(f"  TraceStore.add_episode          {rate['store']:>10,.0f} actions/s  ({args.episodes / med['store']:,.0f} episodes/s)")
+    print(f"  bare sqlite3 serialize+insert   {rate['serialize']:>10,.0f} actions/s")
+    print(f"  bare sqlite3 rows ready         {rate['ready']:>10,.0f} actions/s")
+    print(f"  ratio store / serialize+insert  {rate['store'] / rate['serialize']:.2f}")
+    print(f"  ratio store / rows ready        {rate['store'] / rate['ready']:.2f}")
+    print(f"  read back (TraceStore.episodes) {args.episodes / med['read']:>10,.0f} episodes/s "
+          f"({n_actions / med['read']:,.0f} actions/s)")
+
+
+if __name__ == "__main__":
+    main()
