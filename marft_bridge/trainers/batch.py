@@ -1,0 +1,151 @@
+"""Episodes -> training samples: topological order, tokens, behaviour log-probs, rewards placed.
+
+Each trainable action (kind "llm", agent with an adapter) becomes a Sample, in the episode's
+topological order by D. Observation tokens are the recorded prompt token ids, else the base
+model's chat template over the recorded messages (add_generation_prompt=True), else the recorded
+completion prompt. Action tokens are the sampled ids, else the re-tokenised text (+EOS when it
+stopped); re-tokenised actions are counted, and their log-probs (if any) are not used.
+
+Rewards: a team reward (no agent, no action) goes on the episode's last trainable action; an
+agent reward on that agent's last trainable action; an action reward on its action, or on the
+nearest earlier trainable action when that action is not trained (a tool call, a skipped action).
+
+Bad input is skipped with a counted reason, never truncated: episodes without rewards, actions
+whose agent has no adapter, token ids beyond the vocabulary, sequences longer than the context
+window, empty outputs. ``build_batch`` raises MarftError when nothing trainable remains.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ..errors import MarftError
+from ..schema import Action, Episode
+
+log = logging.getLogger("marft_bridge.trainers")
+
+
+@dataclass
+class Sample:
+    episode: int  # index of the episode in the batch
+    episode_id: str
+    action_id: str
+    agent: str
+    step: int
+    obs_ids: list[int]
+    act_ids: list[int]
+    beh_logp: list[float] | None  # None: no behaviour log-probs recorded (treated as on-policy)
+    temperature: float
+    reward: float = 0.0
+    end: bool = False  # last trainable action of its episode
+
+
+@dataclass
+class Batch:
+    samples: list[Sample]
+    episodes: int  # episodes that contributed samples
+    episode_returns: list[float]  # sum of all rewards of each contributing episode
+    skipped: Counter = field(default_factory=Counter)  # reason -> count (episodes or actions)
+    flagged: Counter = field(default_factory=Counter)  # reason -> count of kept actions
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(s.act_ids) for s in self.samples)
+
+
+def observation_ids(action: Action, tokenizer) -> list[int] | None:
+    obs = action.observation
+    if obs.prompt_token_ids is not None:
+        return list(obs.prompt_token_ids)
+    if obs.messages:
+        msgs = [{"role": m.role, "content": m.content or ""} for m in obs.messages]
+        enc = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+    if obs.prompt:
+        return tokenizer(obs.prompt, add_special_tokens=False)["input_ids"]
+    return None
+
+
+def action_ids(action: Action, tokenizer) -> tuple[list[int], list[float] | None, bool]:
+    """(token ids, behaviour log-probs or None, re-tokenised?)."""
+    out = action.output
+    if out.token_ids is not None:
+        return list(out.token_ids), (list(out.logprobs) if out.logprobs is not None else None), False
+    ids = tokenizer(out.text, add_special_tokens=False)["input_ids"]
+    if out.finish_reason == "stop" and tokenizer.eos_token_id is not None:
+        ids = ids + [tokenizer.eos_token_id]
+    return ids, None, True
+
+
+def build_batch(episodes: list[Episode], tokenizer, agents: set[str], vocab_size: int, max_context: int,
+                default_temperature: float) -> Batch:
+    samples: list[Sample] = []
+    returns: list[float] = []
+    skipped: Counter = Counter()
+    flagged: Counter = Counter()
+    n_eps = 0
+    for ep in episodes:
+        if not ep.rewards:
+            skipped["episode_without_reward"] += 1
+            continue
+        kept: list[Sample] = []
+        placed_on: dict[str, int] = {}  # action id -> index in kept that receives its reward
+        for act in ep.topological_order():
+            if act.kind != "llm":
+                if kept:
+                    placed_on[act.id] = len(kept) - 1
+                continue
+            reason = None
+            if act.agent not in agents:
+                reason = "agent_without_adapter"
+            else:
+                obs = observation_ids(act, tokenizer)
+                ids, beh, retok = action_ids(act, tokenizer)
+                if obs is None or not obs:
+                    reason = "no_observation"
+                elif not ids:
+                    reason = "empty_output"
+                elif max(obs + ids) >= vocab_size:
+                    reason = "token_id_beyond_vocab"
+                elif len(obs) + len(ids) > max_context:
+                    reason = "longer_than_context"
+            if reason:
+                skipped[reason] += 1
+                if kept:
+                    placed_on[act.id] = len(kept) - 1
+                continue
+            if retok:
+                flagged["retokenized"] += 1
+            if beh is None:
+                flagged["no_behaviour_logprobs"] += 1
+            temp = act.sampling.temperature if act.sampling and act.sampling.temperature else default_temperature
+            placed_on[act.id] = len(kept)
+            kept.append(Sample(len(returns), ep.id, act.id, act.agent, act.step, obs, ids, beh, float(temp)))
+        if not kept:
+            skipped["episode_without_trainable_action"] += 1
+            continue
+        last_of_agent = {s.agent: i for i, s in enumerate(kept)}
+        for r in ep.rewards:
+            if r.action_id is not None:
+                target = placed_on.get(r.action_id, 0)  # reward before any trained action: the first
+            elif r.agent is not None:
+                target = last_of_agent.get(r.agent)
+                if target is None:
+                    skipped["reward_for_untrained_agent"] += 1
+                    continue
+            else:
+                target = len(kept) - 1
+            kept[target].reward += r.value
+        kept[-1].end = True
+        samples += kept
+        returns.append(sum(r.value for r in ep.rewards))
+        n_eps += 1
+    if skipped:
+        log.warning("skipped while building the batch: %s", dict(skipped))
+    if flagged:
+        log.info("flagged actions: %s", dict(flagged))
+    if not samples:
+        raise MarftError(f"nothing trainable in {len(episodes)} episodes (skipped: {dict(skipped) or 'none'})")
+    return Batch(samples, n_eps, returns, skipped, flagged)

@@ -1,0 +1,495 @@
+"""The MARFT training loop: per-agent LoRA PPO with a sequential trust-region update.
+
+One update on a batch of episodes (``MarftTrainer.train_on``):
+
+1. Build samples (batch.py): trainable actions in topological order, rewards placed.
+2. With no gradient: proximal log-probs (current adapters), reference log-probs (adapters
+   disabled), values (critic). Behaviour log-probs from the trace, or the proximal ones when the
+   trace has none (flagged, treated as on-policy).
+3. GAE over the action sequence (MARFT-A) or the token sequence (MARFT-T).
+4. Sequential trust region: draw an agent order (random, or by dependency); M = 1 per
+   (episode, step). For each agent i_m: ppo_epochs x minibatches of the clipped surrogate on M*A
+   with the decoupled behaviour weight, + beta*KL(pi || ref) - c_H*H; then, with no gradient,
+   fold its new/proximal ratio into M for the agents after it.
+5. Critic: clipped Huber value loss towards the GAE returns.
+6. Guards: a non-finite loss skips that step (logged, counted); an approx-KL above ``target_kl``
+   stops that agent's epochs (logged); entropy / reference-KL collapse or non-finite weights roll
+   everything back to the last stable state.
+
+Python API::
+
+    trainer = MarftTrainer(MarftConfig(...), "path/to/base", agents=["planner", "coder"], out_dir="run")
+    metrics = trainer.train_on(episodes)          # one update from stored traces
+    history = trainer.train(env_fn, iterations=20)  # on-policy: env_fn(policy, n, seed) -> episodes
+    trainer.evaluate(env_fn, n=64, seed=1)        # mean return; untrained=True for the base model
+    trainer.save_adapters("run/adapters")          # <dir>/<agent>/adapter_model.safetensors
+    trainer.save_checkpoint("run/ckpt"); trainer.load_checkpoint("run/ckpt")   # exact resume
+
+Under ``torchrun`` / ``accelerate launch`` each rank trains on its share of the episodes (by
+episode, so all actions of one step stay together) and gradients are averaged before every
+optimiser step, so every rank ends each step with identical adapters.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from ..errors import MarftError
+from . import losses as L
+from .advantages import action_level_steps, gae, token_level_steps
+from .batch import Batch, Sample, build_batch
+from .config import MarftConfig
+from .critic import ValueHead, critic_params, values
+from .policy import MultiAgentPolicy, pack, pick_device
+from .rollout import RolloutPolicy, evaluate
+
+log = logging.getLogger("marft_bridge.trainers")
+
+
+def _dist():
+    """(rank, world size), joining the process group torchrun / accelerate set up in the environment."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend)
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class MarftTrainer:
+    def __init__(self, config: MarftConfig | None, base_model_path, agents: list[str], *,
+                 device: str | None = None, out_dir: str | Path | None = None):
+        self.config = config = config or MarftConfig()
+        self.rank, self.world = _dist()
+        torch.manual_seed(config.seed)  # identical LoRA init on every rank
+        self.device = pick_device(device or config.device)
+        self.policy = MultiAgentPolicy(base_model_path, agents, config, self.device)
+        unknown = set(config.frozen_agents) - set(self.policy.agents)
+        if unknown:
+            raise MarftError(f"frozen_agents names unknown agents: {sorted(unknown)}")
+        self.head = ValueHead(self.policy.hidden_size).to(self.device)
+        self.optims = {a: torch.optim.AdamW(self.policy.adapter_params(a), lr=config.lr, eps=1e-5,
+                                            weight_decay=config.weight_decay) for a in self.policy.adapters}
+        self.critic_optim = torch.optim.AdamW(critic_params(self.policy, self.head), lr=config.critic_lr, eps=1e-5,
+                                              weight_decay=config.weight_decay)
+        self.gen = torch.Generator().manual_seed(config.seed)  # minibatch shuffles (may differ per rank)
+        self.order_gen = torch.Generator().manual_seed(config.seed + 1)  # agent orders (same on every rank)
+        self.update_count = 0
+        self.out_dir = Path(out_dir) if out_dir else None
+        self._stable = self._snapshot()
+        log.info("MARFT config:\n%s", config.to_yaml())
+
+    # -- public API --------------------------------------------------------------------------------
+
+    @property
+    def agents(self) -> list[str]:
+        return self.policy.agents
+
+    def train_on(self, episodes) -> dict:
+        """One MARFT update on these episodes (list, or any iterable of Episode); returns its metrics."""
+        episodes = list(episodes)[self.rank::self.world]
+        p = self.policy
+        batch = build_batch(episodes, p.tokenizer, set(p.agents), p.vocab_size, p.max_context,
+                            self.config.default_temperature)
+        metrics = self._update(batch)
+        self.update_count += 1
+        metrics["update"] = self.update_count
+        self._guard_collapse(metrics)
+        if self.out_dir and self.rank == 0:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.out_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(metrics) + "\n")
+            if self.update_count % self.config.checkpoint_every == 0:
+                self.save_checkpoint(self.out_dir / "checkpoint")
+        return metrics
+
+    def train(self, env_fn, iterations: int, episodes_per_iteration: int | None = None, progress: bool = False):
+        """On-policy MARFT: each iteration rolls out fresh episodes with the current adapters, then updates."""
+        n = episodes_per_iteration or self.config.batch_episodes
+        history = []
+        with _progress(iterations, progress) as bar:
+            for _ in range(iterations):
+                seed = self.config.seed * 1_000_003 + self.update_count  # from the counter: resumable
+                history.append(self.train_on(env_fn(RolloutPolicy(self), n, seed)))
+                bar(history[-1])
+        return history
+
+    def evaluate(self, env_fn, n: int, seed: int, untrained: bool = False) -> float:
+        return evaluate(self, env_fn, n, seed, untrained=untrained)
+
+    def save_adapters(self, directory) -> Path:
+        """Write ``<dir>/<agent>/adapter_model.safetensors + adapter_config.json`` for every agent."""
+        import shutil
+        import tempfile
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=directory) as tmp:
+            self.policy.model.save_pretrained(tmp, selected_adapters=self.policy.adapters)
+            for agent, adapter in self.policy.adapter_of.items():
+                src = Path(tmp) / adapter if adapter != "default" else Path(tmp)
+                dst = directory / agent
+                if dst.exists():
+                    shutil.rmtree(dst)
+                shutil.copytree(src, dst)
+        return directory
+
+    # -- one update ----------------------------------------------------------------------------------
+
+    def _forward(self, adapter, samples: list[Sample], grad: bool, entropy: bool = False):
+        packed = pack([s.obs_ids for s in samples], [s.act_ids for s in samples], self.policy.pad_id, self.device)
+        temp = torch.tensor([s.temperature for s in samples for _ in s.act_ids], device=self.device)
+        with torch.set_grad_enabled(grad):
+            logp, ent = self.policy.token_logprobs(adapter, packed, temp, with_entropy=entropy)
+        return logp, ent, packed
+
+    @torch.no_grad()
+    def _rollout_stats(self, samples: list[Sample]):
+        """Per-sample proximal and reference token log-probs and old values (chunked, no grad)."""
+        c, token_level = self.config, self.config.mode == "marft_t"
+        prox, ref, vals = [None] * len(samples), [None] * len(samples), [None] * len(samples)
+        by_adapter: dict[str, list[int]] = {}
+        for i, s in enumerate(samples):
+            by_adapter.setdefault(self.policy.adapter_of[s.agent], []).append(i)
+        for adapter, idx in by_adapter.items():
+            for k in range(0, len(idx), c.forward_batch_size):
+                chunk = idx[k:k + c.forward_batch_size]
+                ss = [samples[i] for i in chunk]
+                lens = [len(s.act_ids) for s in ss]
+                logp, _, packed = self._forward(adapter, ss, grad=False)
+                logr, _, _ = self._forward(None, ss, grad=False)
+                v = values(self.policy, self.head, packed, token_level)
+                v = v.split(lens) if token_level else v.unbind(0)
+                for i, a, b, vv in zip(chunk, logp.split(lens), logr.split(lens), v):
+                    prox[i], ref[i], vals[i] = a, b, vv
+        return prox, ref, vals
+
+    def _reduce(self, tok: torch.Tensor, lens: list[int]) -> torch.Tensor:
+        # MARFT-A action log-prob: sum (or mean) of its token log-probs.
+        sums = torch.stack([t.sum() for t in tok.split(lens)])
+        if self.config.logprob_reduction == "mean":
+            return sums / torch.tensor(lens, dtype=sums.dtype, device=sums.device)
+        return sums
+
+    def _agent_order(self, batch: Batch) -> list[str]:
+        present = [a for a in self.policy.agents if a not in self.config.frozen_agents]
+        counts = torch.tensor([sum(s.agent == a for s in batch.samples) for a in present], dtype=torch.float64)
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(counts)
+        present = [a for a, n in zip(present, counts.tolist()) if n > 0]
+        if self.config.agent_order == "dependency":
+            # Mean position of each agent's first action in the topological order of its episodes.
+            first: dict[str, list[int]] = {}
+            seen: dict[tuple, int] = {}
+            for s in batch.samples:
+                pos = seen.setdefault((s.episode, "n"), 0)
+                seen[(s.episode, "n")] = pos + 1
+                if (s.episode, s.agent) not in seen:
+                    seen[(s.episode, s.agent)] = pos
+                    first.setdefault(s.agent, []).append(pos)
+            return sorted(present, key=lambda a: (sum(first.get(a, [0])) / max(len(first.get(a, [])), 1), a))
+        perm = torch.randperm(len(present), generator=self.order_gen).tolist()
+        return [present[i] for i in perm]
+
+    def _update(self, batch: Batch) -> dict:
+        c = self.config
+        token_level = c.mode == "marft_t"
+        S = batch.samples
+        lens = [len(s.act_ids) for s in S]
+        prox, ref, old_v = self._rollout_stats(S)
+        beh = [torch.tensor(s.beh_logp, dtype=torch.float32, device=self.device) if s.beh_logp is not None
+               and len(s.beh_logp) == len(s.act_ids) else p for s, p in zip(S, prox)]
+
+        # Advantages: GAE over the action sequence (A) or the token sequence (T).
+        rewards = [s.reward for s in S]
+        ends = [s.end for s in S]
+        if token_level:
+            r, g, d = token_level_steps(rewards, lens, ends, c.gamma, c.token_gamma)
+            v_flat = torch.cat(old_v).double().cpu()
+        else:
+            r, g, d = action_level_steps(rewards, ends, c.gamma)
+            v_flat = torch.stack(old_v).double().cpu()
+        adv, ret = gae(r, v_flat, g, d, c.gae_lambda)
+        adv, ret = adv.float().to(self.device), ret.float().to(self.device)
+        adv_s = list(adv.split(lens)) if token_level else list(adv.unbind(0))
+        ret_s = list(ret.split(lens)) if token_level else list(ret.unbind(0))
+
+        m = {"reward_mean": sum(batch.episode_returns) / len(batch.episode_returns), "episodes": batch.episodes,
+             "samples": len(S), "tokens": batch.n_tokens, "skipped": dict(batch.skipped), "flagged": dict(batch.flagged),
+             "skipped_nonfinite": 0, "early_stops": [], "agent_order": []}
+        acc: dict[str, list[float]] = {k: [] for k in ("policy_loss", "kl_ref", "entropy", "approx_kl", "clipfrac",
+                                                     "behaviour_weight", "value_loss")}
+        factor: dict = {}
+        groups = ([(None, list(range(len(S))))] if c.mode == "single_agent" else
+                  [(a, [i for i, s in enumerate(S) if s.agent == a]) for a in self._agent_order(batch)])
+        for agent, idx in groups:
+            adapter = self.policy.adapters[0] if agent is None else self.policy.adapter_of[agent]
+            m["agent_order"].append(agent or adapter)
+            params = self.policy.adapter_params(adapter)
+            for epoch in range(c.ppo_epochs):
+                kls = []
+                for mb in self._minibatches(idx):
+                    ss = [S[i] for i in mb]
+                    loss = None
+                    if mb:
+                        loss, stats = self._policy_loss(adapter, ss, mb, prox, ref, beh, adv_s, factor, token_level)
+                        for k, v in stats.items():
+                            acc[k].append(v)
+                        kls.append(stats["approx_kl"])
+                    self._step(params, self.optims[adapter], loss, m, f"policy {agent or adapter}")
+                if c.target_kl is not None and self._mean_all(kls) > c.target_kl:
+                    msg = f"agent {agent or adapter}: approx-KL {self._mean_all(kls):.4g} > target_kl {c.target_kl} after epoch {epoch + 1}; stopping its epochs"
+                    log.warning(msg)
+                    m["early_stops"].append({"agent": agent or adapter, "epoch": epoch + 1, "approx_kl": self._mean_all(kls)})
+                    break
+            if agent is not None and idx:
+                # Fold the updated agent's ratio into M for the agents after it (no gradient).
+                with torch.no_grad():
+                    ss = [S[i] for i in idx]
+                    ln = [len(s.act_ids) for s in ss]
+                    new_tok = torch.cat([self._forward(adapter, ss[k:k + c.forward_batch_size], grad=False)[0]
+                                         for k in range(0, len(ss), c.forward_batch_size)])
+                    old = self._reduce(torch.cat([prox[i] for i in idx]), ln)
+                    factor = L.fold_factor(factor, [(s.episode, s.step) for s in ss], self._reduce(new_tok, ln), old)
+
+        critic = critic_params(self.policy, self.head)
+        for _ in range(c.ppo_epochs):
+            for mb in self._minibatches(list(range(len(S)))):
+                loss = None
+                if mb:
+                    ss = [S[i] for i in mb]
+                    packed = pack([s.obs_ids for s in ss], [s.act_ids for s in ss], self.policy.pad_id, self.device)
+                    v = values(self.policy, self.head, packed, token_level)
+                    cat = torch.cat if token_level else torch.stack
+                    loss = c.value_coef * L.clipped_value_loss(v, cat([old_v[i] for i in mb]), cat([ret_s[i] for i in mb]),
+                                                               c.value_clip, c.huber_delta)
+                    acc["value_loss"].append(float(loss.detach()))
+                self._step(critic, self.critic_optim, loss, m, "critic")
+        for k, v in acc.items():
+            m[k] = self._mean_all(v)
+        m["factor_mean"] = (sum(factor.values()) / len(factor)) if factor else 1.0
+        return m
+
+    def _policy_loss(self, adapter, ss, mb, prox, ref, beh, adv_s, factor, token_level):
+        c = self.config
+        self.policy.model.train()
+        new_tok, ent, _ = self._forward(adapter, ss, grad=True, entropy=True)
+        self.policy.model.eval()
+        ln = [len(s.act_ids) for s in ss]
+        prox_tok = torch.cat([prox[i] for i in mb])
+        beh_tok = torch.cat([beh[i] for i in mb])
+        mfac = torch.tensor([factor.get((s.episode, s.step), 1.0) for s in ss], dtype=torch.float32, device=self.device)
+        if token_level:
+            new, old, b = new_tok, prox_tok, beh_tok
+            adv = torch.cat([adv_s[i] for i in mb])
+            mfac = mfac.repeat_interleave(torch.tensor(ln, device=self.device))
+        else:
+            new, old, b = self._reduce(new_tok, ln), self._reduce(prox_tok, ln), self._reduce(beh_tok, ln)
+            adv = torch.stack([adv_s[i] for i in mb])
+        if c.normalize_advantages:
+            adv = L.normalize(adv)
+        w = L.behaviour_weights(old, b, c.behaviour_weight_cap)
+        pg = L.clipped_surrogate(new, old, adv * mfac, w, c.clip)  # sequential trust region: M * A
+        kl = L.kl_to_reference(new_tok, torch.cat([ref[i] for i in mb])).mean()
+        entropy = ent.mean()
+        loss = pg + c.kl_coef * kl - c.entropy_coef * entropy  # PPO + beta KL(pi||ref) - c_H H
+        with torch.no_grad():
+            ratio = torch.exp(new - old)
+            stats = {"policy_loss": float(pg), "kl_ref": float(kl), "entropy": float(entropy),
+                     "approx_kl": float(L.approx_kl(new_tok, prox_tok)),
+                     "clipfrac": float(((ratio - 1).abs() > c.clip).float().mean()),
+                     "behaviour_weight": float(w.mean())}
+        return loss, stats
+
+    def _minibatches(self, idx: list[int]) -> list[list[int]]:
+        # Exactly num_minibatches chunks (some may be empty) so every DDP rank takes the same steps.
+        if not idx:
+            return [[] for _ in range(self.config.num_minibatches)] if self.world > 1 else []
+        perm = torch.randperm(len(idx), generator=self.gen).tolist()
+        n = self.config.num_minibatches
+        chunks = [[idx[j] for j in perm[k::n]] for k in range(n)]
+        return chunks if self.world > 1 else [ch for ch in chunks if ch]
+
+    def _step(self, params, optim, loss, metrics, what: str) -> None:
+        """Backward + (DDP-averaged) gradient + clip + step; a non-finite loss skips the step, logged."""
+        bad = torch.tensor([0.0 if loss is None or torch.isfinite(loss).item() else 1.0])
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(bad)
+        optim.zero_grad(set_to_none=True)
+        if bad.item() > 0:
+            metrics["skipped_nonfinite"] += 1
+            log.warning("update %d: non-finite %s loss; step skipped", self.update_count + 1, what)
+            return
+        if loss is not None:
+            loss.backward()
+        if self.world > 1:
+            import torch.distributed as dist
+
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad)
+                p.grad /= self.world
+        elif loss is None:
+            return
+        torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        optim.step()
+
+    def _mean_all(self, xs: list[float]) -> float:
+        t = torch.tensor([sum(xs), float(len(xs))], dtype=torch.float64)
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(t)
+        return float(t[0] / t[1]) if t[1] > 0 else float("nan")
+
+    # -- guards ---------------------------------------------------------------------------------------
+
+    def _guard_collapse(self, m: dict) -> None:
+        c = self.config
+        reasons = []
+        if c.collapse_entropy_min is not None and not m["entropy"] >= c.collapse_entropy_min:
+            reasons.append(f"entropy {m['entropy']:.4g} < {c.collapse_entropy_min}")
+        if c.collapse_ref_kl_max is not None and not m["kl_ref"] <= c.collapse_ref_kl_max:
+            reasons.append(f"KL to reference {m['kl_ref']:.4g} > {c.collapse_ref_kl_max}")
+        if not all(torch.isfinite(p).all() for p in self._trainable()):
+            reasons.append("non-finite weights")
+        m["rolled_back"] = bool(reasons)
+        if reasons:
+            log.warning("update %d: collapse (%s); rolling back to the last stable state", self.update_count,
+                        "; ".join(reasons))
+            self._restore(self._stable, counters=False)
+        else:
+            self._stable = self._snapshot()
+
+    # -- state: snapshot, checkpoint, resume ----------------------------------------------------------
+
+    def _trainable(self) -> list[torch.nn.Parameter]:
+        return [p for n, p in self.policy.model.named_parameters() if "lora_" in n] + list(self.head.parameters())
+
+    def _named_weights(self) -> dict[str, torch.Tensor]:
+        out = {n: p for n, p in self.policy.model.named_parameters() if "lora_" in n}
+        out.update({f"value_head.{n}": p for n, p in self.head.named_parameters()})
+        return out
+
+    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {**{f"policy.{a}": o for a, o in self.optims.items()}, "critic": self.critic_optim}
+
+    def _snapshot(self) -> dict:
+        return {"weights": {n: p.detach().clone() for n, p in self._named_weights().items()},
+                "optim": {k: copy.deepcopy(o.state_dict()) for k, o in self._optimizers().items()},
+                "rng": {"gen": self.gen.get_state(), "order_gen": self.order_gen.get_state(),
+                        "torch": torch.get_rng_state()},
+                "update_count": self.update_count}
+
+    def _restore(self, snap: dict, counters: bool = True) -> None:
+        with torch.no_grad():
+            for n, p in self._named_weights().items():
+                p.copy_(snap["weights"][n])
+        for k, o in self._optimizers().items():
+            o.load_state_dict(copy.deepcopy(snap["optim"][k]))
+        if counters:
+            self.gen.set_state(snap["rng"]["gen"])
+            self.order_gen.set_state(snap["rng"]["order_gen"])
+            torch.set_rng_state(snap["rng"]["torch"])
+            self.update_count = snap["update_count"]
+
+    def save_checkpoint(self, directory) -> Path:
+        """Adapters (peft dirs), all trainable weights, optimiser states, RNG states and counters."""
+        from safetensors.torch import save_file
+
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        snap = self._snapshot()
+        save_file({n: t.contiguous().cpu() for n, t in snap["weights"].items()}, str(d / "weights.safetensors"))
+        tensors, meta = {}, {}
+        for name, sd in snap["optim"].items():
+            meta[name] = {"param_groups": sd["param_groups"], "state": {}}
+            for pid, st in sd["state"].items():
+                meta[name]["state"][str(pid)] = {}
+                for k, v in st.items():
+                    if torch.is_tensor(v):
+                        tensors[f"{name}/{pid}/{k}"] = v.contiguous().cpu()
+                    else:
+                        meta[name]["state"][str(pid)][k] = v
+        save_file(tensors, str(d / "optimizers.safetensors"))
+        save_file({k: v for k, v in snap["rng"].items()}, str(d / "rng.safetensors"))
+        state = {"update_count": self.update_count, "agents": self.agents, "world": self.world,
+                 "config": self.config.model_dump(mode="json"), "optimizers": meta}
+        (d / "state.json").write_text(json.dumps(state, indent=1))
+        self.save_adapters(d / "adapters")
+        return d
+
+    def load_checkpoint(self, directory) -> None:
+        """Restore exactly what ``save_checkpoint`` wrote (same agents and model shapes required)."""
+        from safetensors.torch import load_file
+
+        d = Path(directory)
+        try:
+            state = json.loads((d / "state.json").read_text())
+            weights = load_file(str(d / "weights.safetensors"))
+            opt_t = load_file(str(d / "optimizers.safetensors"))
+            rng = load_file(str(d / "rng.safetensors"))
+        except (OSError, ValueError) as e:
+            raise MarftError(f"cannot read checkpoint {d}: {e}") from None
+        if state["agents"] != self.agents:
+            raise MarftError(f"checkpoint {d} is for agents {state['agents']}, this trainer has {self.agents}")
+        mine = self._named_weights()
+        if set(weights) != set(mine) or any(weights[n].shape != mine[n].shape for n in mine):
+            raise MarftError(f"checkpoint {d} does not match this model/config (adapter weights differ)")
+        optim = {}
+        for name, meta in state["optimizers"].items():
+            st = {}
+            for pid, extra in meta["state"].items():
+                st[int(pid)] = dict(extra)
+            for key, t in opt_t.items():
+                oname, pid, k = key.rsplit("/", 2)
+                if oname == name:
+                    st.setdefault(int(pid), {})[k] = t.to(self.device) if k != "step" else t
+            optim[name] = {"state": st, "param_groups": meta["param_groups"]}
+        self._restore({"weights": {n: t.to(self.device) for n, t in weights.items()}, "optim": optim,
+                       "rng": rng, "update_count": state["update_count"]})
+        self._stable = self._snapshot()
+
+
+class _progress:
+    """A rich progress bar showing reward, KL, entropy and value loss (a no-op when disabled)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled = total, enabled
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("[bold]MARFT"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TextColumn("{task.fields[stats]}"))
+            self.bar.start()
+            self.task = self.bar.add_task("train", total=self.total, stats="")
+        return self
+
+    def __call__(self, m: dict) -> None:
+        if self.enabled:
+            fmt = lambda x: f"{x:.3f}" if isinstance(x, float) and math.isfinite(x) else str(x)  # noqa: E731
+            stats = (f"reward {fmt(m['reward_mean'])}  kl {fmt(m['kl_ref'])}  entropy {fmt(m['entropy'])}  "
+                     f"value_loss {fmt(m['value_loss'])}")
+            self.bar.update(self.task, advance=1, stats=stats)
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.bar.stop()

@@ -1,0 +1,83 @@
+"""The environment interface for on-policy training and evaluation.
+
+An environment is any callable ``env_fn(policy, n, seed) -> list[Episode]`` that runs the
+multi-agent system ``n`` times with the current adapters and returns rewarded episodes. ``policy``
+is a RolloutPolicy: an in-process sampler (``policy.act(agent, messages, ...)`` returns a complete
+schema Action with prompt token ids, sampled ids and behaviour log-probs) and, for systems that call
+a server instead, ``policy.save_adapters(dir)`` to publish the current adapters first. The trainer
+consumes the returned episodes exactly like stored traces.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Protocol
+
+import torch
+
+from ..schema import Action, Episode, Message, Observation, Output, Policy, SamplingParams
+
+
+class RolloutPolicy:
+    """The trainer's current adapters (or the untrained base, ``use_adapters=False``) as a sampler."""
+
+    def __init__(self, trainer, use_adapters: bool = True):
+        self.trainer = trainer
+        self.use_adapters = use_adapters
+        self.tokenizer = trainer.policy.tokenizer
+
+    @property
+    def version(self) -> int:
+        return self.trainer.update_count if self.use_adapters else 0
+
+    def act(self, agent: str, messages: list[dict] | list[Message], *, max_new_tokens: int = 32,
+            temperature: float = 1.0, generator: torch.Generator | None = None,
+            depends_on: list[str] | None = None, step: int = 0) -> Action:
+        return self.act_many(agent, [messages], max_new_tokens=max_new_tokens, temperature=temperature,
+                             generator=generator, depends_on=[depends_on or []], step=step)[0]
+
+    def act_many(self, agent: str, batch: list, *, max_new_tokens: int = 32, temperature: float = 1.0,
+                 generator: torch.Generator | None = None, depends_on: list[list[str]] | None = None,
+                 step: int = 0) -> list[Action]:
+        """One sampled Action per message list (prompts of equal length are sampled as one batch)."""
+        msgs = [[m if isinstance(m, Message) else Message(**m) for m in ms] for ms in batch]
+        prompts = []
+        for ms in msgs:
+            enc = self.tokenizer.apply_chat_template([{"role": m.role, "content": m.content or ""} for m in ms],
+                                                     add_generation_prompt=True, tokenize=True)
+            prompts.append(list(enc["input_ids"]))
+        outs = self.trainer.policy.sample(agent, prompts, max_new_tokens, temperature, generator,
+                                          use_adapter=self.use_adapters)
+        eos = self.tokenizer.eos_token_id
+        actions = []
+        for k, (ms, prompt, (ids, lps)) in enumerate(zip(msgs, prompts, outs)):
+            stopped = bool(ids) and ids[-1] == eos
+            text = self.tokenizer.decode(ids[:-1] if stopped else ids)
+            actions.append(Action(
+                agent=agent, step=step, kind="llm",
+                observation=Observation(messages=ms, prompt_token_ids=prompt),
+                output=Output(text=text, token_ids=ids, logprobs=lps, finish_reason="stop" if stopped else "length"),
+                sampling=SamplingParams(temperature=temperature, max_tokens=max_new_tokens, logprobs_processed=True),
+                policy=Policy(name=agent, version=self.version),
+                depends_on=(depends_on[k] if depends_on else []),
+            ))
+        return actions
+
+    def save_adapters(self, directory: str | Path) -> Path:
+        return self.trainer.save_adapters(directory)
+
+
+class EnvFn(Protocol):
+    def __call__(self, policy: RolloutPolicy, n: int, seed: int) -> list[Episode]: ...
+
+
+def mean_return(episodes: list[Episode]) -> float:
+    """Mean over episodes of the sum of all their rewards (team, agent and action)."""
+    if not episodes:
+        return float("nan")
+    return sum(sum(r.value for r in ep.rewards) for ep in episodes) / len(episodes)
+
+
+def evaluate(trainer, env_fn: Callable, n: int, seed: int, untrained: bool = False) -> float:
+    """Mean episode return of ``n`` fresh rollouts: the trained system, or the untrained base."""
+    return mean_return(env_fn(RolloutPolicy(trainer, use_adapters=not untrained), n, seed))
