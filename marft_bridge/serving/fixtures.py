@@ -1,0 +1,82 @@
+"""Random LoRA adapters and direct (server-free) reference generation for a local base model.
+
+Tests, benchmarks and demos use these to make adapters that visibly change outputs without
+training, and to compute what the server must return for a given adapter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def make_random_adapter(
+    base_model: str | Path,
+    out_dir: str | Path,
+    *,
+    seed: int,
+    rank: int = 4,
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj"),
+    scale: float = 1.0,
+) -> Path:
+    """Save a LoRA adapter with random non-zero A and B (``scale`` sets B's std, so outputs change)
+    as a peft directory holding ``adapter_config.json`` and ``adapter_model.safetensors``."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(base_model))
+    cfg = LoraConfig(r=rank, lora_alpha=rank, target_modules=list(target_modules), init_lora_weights=False)
+    model = get_peft_model(base, cfg)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_A" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5)
+            elif "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * scale)
+    out_dir = Path(out_dir)
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+class DirectModel:
+    """The base model with one adapter (or none), run without the server: the reference that
+    served outputs and log-probs must equal."""
+
+    def __init__(self, base_model: str | Path, adapter_dir: str | Path | None = None):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(base_model))
+        model = AutoModelForCausalLM.from_pretrained(str(base_model), dtype=torch.float32)
+        if adapter_dir is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, str(adapter_dir))
+        self.model = model.eval()
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
+
+    def logprobs(self, prompt_ids: list[int], token_ids: list[int], temperature: float = 1.0):
+        """``[len(token_ids), vocab]`` log-softmax(logits / T) at each generated position."""
+        import torch
+
+        ids = torch.tensor([list(prompt_ids) + list(token_ids)])
+        with torch.no_grad():
+            logits = self.model(input_ids=ids).logits[0].float()
+        return (logits[len(prompt_ids) - 1 : -1] / temperature).log_softmax(-1)
+
+    def greedy(self, prompt_ids: list[int], max_tokens: int) -> list[int]:
+        """Greedy continuation by full forward passes (no cache, no padding)."""
+        import torch
+
+        ids = list(prompt_ids)
+        eos = self.tokenizer.eos_token_id
+        with torch.no_grad():
+            for _ in range(max_tokens):
+                tok = int(self.model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+                ids.append(tok)
+                if tok == eos:
+                    break
+        return ids[len(prompt_ids) :]

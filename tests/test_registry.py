@@ -1,0 +1,146 @@
+"""Adapter registry: versioned publish, promote/rollback, manifests, refusal of unsafe adapters, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from marft_bridge.cli import main as marft
+from marft_bridge.serving.adapter_files import AdapterError, inspect_adapter
+from marft_bridge.serving.fixtures import make_random_adapter
+from marft_bridge.serving.registry import AdapterRegistry
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(tiny_model_dir, tmp_path_factory):
+    return make_random_adapter(tiny_model_dir, tmp_path_factory.mktemp("ad") / "planner", seed=1, rank=4)
+
+
+def test_publish_creates_versions_with_manifest(tmp_path, adapter_dir, tiny_model_dir):
+    reg = AdapterRegistry(tmp_path / "reg")
+    v1 = reg.publish("planner", adapter_dir, metrics={"reward": 0.5}, config={"lr": 1e-4})
+    v2 = reg.publish("planner", adapter_dir, metrics={"reward": 0.75})
+    assert (v1, v2) == (1, 2)
+    assert reg.versions("planner") == [1, 2]
+    assert sorted(os.listdir(reg.path("planner", 2))) == ["adapter_config.json", "adapter_model.safetensors", "manifest.json"]
+    m = reg.manifest("planner", 1)
+    assert m.metrics == {"reward": 0.5} and m.config == {"lr": 1e-4}
+    assert m.rank == 4 and m.target_modules == ["q_proj", "v_proj"]
+    assert m.base_model == str(tiny_model_dir) and m.base_fingerprint is not None
+    assert m.parent is None and reg.manifest("planner", 2).parent is None  # nothing was current yet
+    # Same adapter, different training config -> different config hash.
+    assert m.config_hash != reg.manifest("planner", 2).config_hash
+    assert reg.current("planner") is None
+
+
+def test_publish_accepts_save_pretrained_layout_with_agent_subdir(tmp_path, adapter_dir):
+    src = tmp_path / "trainer_out"
+    shutil.copytree(adapter_dir, src / "coder")  # what save_pretrained(selected_adapters=["coder"]) writes
+    reg = AdapterRegistry(tmp_path / "reg")
+    assert reg.publish("coder", src) == 1
+
+
+def test_promote_rollback_and_parent(tmp_path, adapter_dir):
+    reg = AdapterRegistry(tmp_path / "reg")
+    for _ in range(3):
+        reg.publish("planner", adapter_dir)
+    reg.promote("planner", 1)
+    v4 = reg.publish("planner", adapter_dir)
+    assert reg.manifest("planner", v4).parent == 1  # parent defaults to the current version
+    reg.promote("planner", 3)
+    reg.promote("planner", 4)
+    assert reg.current("planner") == 4
+    assert reg.rollback("planner") == 3
+    assert reg.rollback("planner") == 1
+    assert reg.current("planner") == 1
+    with pytest.raises(AdapterError, match="no earlier promoted version"):
+        reg.rollback("planner")
+    assert reg.current("planner") == 1
+    rows = reg.list()
+    assert [(r.manifest.version, r.current) for r in rows] == [(1, True), (2, False), (3, False), (4, False)]
+    with pytest.raises(AdapterError, match="no version 9"):
+        reg.promote("planner", 9)
+
+
+def test_resolve_refuses_paths_outside_the_root(tmp_path, adapter_dir):
+    reg = AdapterRegistry(tmp_path / "reg")
+    reg.publish("planner", adapter_dir)
+    assert reg.resolve(reg.path("planner", 1)) == ("planner", 1)
+    with pytest.raises(AdapterError, match="outside the registry"):
+        reg.resolve(adapter_dir)
+    with pytest.raises(AdapterError, match="outside the registry"):
+        reg.resolve(str(reg.root / "planner" / os.path.relpath(adapter_dir, reg.root / "planner")))  # ../..
+    link = reg.root / "planner" / "v7"
+    link.symlink_to(adapter_dir)  # a link inside the root that points out of it
+    with pytest.raises(AdapterError, match="outside the registry"):
+        reg.resolve(link)
+    with pytest.raises(AdapterError, match="not a version directory"):
+        reg.resolve(reg.root / "planner")
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_bad_adapters_are_refused_at_publish_and_nothing_is_written(tmp_path, adapter_dir):
+    import torch
+    from safetensors.torch import load_file
+
+    reg = AdapterRegistry(tmp_path / "reg")
+    pickled = _copy(adapter_dir, tmp_path / "pickled")
+    torch.save(load_file(pickled / "adapter_model.safetensors"), pickled / "adapter_model.bin")
+    (pickled / "adapter_model.safetensors").unlink()
+    corrupt = _copy(adapter_dir, tmp_path / "corrupt")
+    data = (corrupt / "adapter_model.safetensors").read_bytes()
+    (corrupt / "adapter_model.safetensors").write_bytes(data[: len(data) // 2])
+    wrong_rank = _copy(adapter_dir, tmp_path / "wrong_rank")
+    cfg = json.loads((wrong_rank / "adapter_config.json").read_text())
+    cfg["r"] = 8
+    (wrong_rank / "adapter_config.json").write_text(json.dumps(cfg))
+    dora = _copy(adapter_dir, tmp_path / "dora")
+    cfg["r"], cfg["use_dora"] = 4, True
+    (dora / "adapter_config.json").write_text(json.dumps(cfg))
+
+    cases = {
+        pickled: "only safetensors adapters are accepted",
+        corrupt: "is corrupt",
+        wrong_rank: "config says r=8",
+        dora: "DoRA",
+        tmp_path / "missing": "does not exist",
+    }
+    for path, message in cases.items():
+        with pytest.raises(AdapterError, match=message):
+            reg.publish("planner", path)
+    with pytest.raises(AdapterError, match="invalid agent name"):
+        reg.publish("../evil", adapter_dir)
+    assert list(reg.root.iterdir()) == []
+
+
+def test_inspect_reports_modules_and_shapes(adapter_dir):
+    info = inspect_adapter(adapter_dir)
+    assert info.rank == 4
+    assert info.modules["model.layers.0.self_attn.q_proj"] == (64, 64)
+    assert info.modules["model.layers.1.self_attn.v_proj"] == (64, 32)  # 2 kv heads x 16
+    assert len(info.modules) == 4
+
+
+def test_cli_publish_promote_rollback_list(tmp_path, adapter_dir, capsys):
+    reg = str(tmp_path / "reg")
+    assert marft(["adapters", "publish", "planner", str(adapter_dir), "--registry", reg, "--metric", "reward=0.5"]) == 0
+    assert marft(["adapters", "publish", "planner", str(adapter_dir), "--registry", reg, "--promote"]) == 0
+    assert marft(["adapters", "promote", "planner", "1", "--registry", reg]) == 0
+    assert marft(["adapters", "rollback", "planner", "--registry", reg]) == 0
+    capsys.readouterr()
+    assert marft(["adapters", "list", "--registry", reg, "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["version"], r["current"], r["metrics"]) for r in rows] == [(1, False, {"reward": 0.5}), (2, True, {})]
+    assert marft(["adapters", "show", "planner", "--registry", reg]) == 0
+    assert json.loads(capsys.readouterr().out)["version"] == 2
+    # A refused adapter: one-line error, exit code 1.
+    assert marft(["adapters", "publish", "planner", str(tmp_path / "nope"), "--registry", reg]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    assert marft(["adapters", "publish", "planner", str(adapter_dir), "--registry", reg, "--metric", "x"]) == 1
