@@ -18,7 +18,10 @@ API
     the enclosing episode's store, else ``TraceStore.open()`` (./.marft/traces.db).
 
 ``current_episode() -> EpisodeRecorder | None``
-    The open episode of this context, if any.
+    The open episode of this context, if any: an explicit/implicit one, else the episode of a
+    captured run this code runs inside (adapters add lookups with ``register_episode_finder(fn)``;
+    the LangGraph capture uses it, so MCP/A2A/OpenAI calls made inside a captured node join the
+    node's episode).
 
 ``implicit_episode(store=None, source=..., task=None, metadata=None)``
     For adapters: yields ``(recorder, owned)``. Joins the current episode when one is open
@@ -37,9 +40,13 @@ API
     ``new_action_id()`` reserves an id to pass as ``action_id`` later.
     ``reward(value, agent=None, action_id=None, source="unknown", metadata=None)``: before the
     episode is finished the reward travels with it; afterwards it goes to ``store.add_reward``.
+    ``producers_of(texts)``: ids of actions whose output text occurs in one of ``texts`` (a
+    message-flow dependency rule for protocols without a graph).
     ``set_task(task)``, ``max_step()``, ``actions()`` (a snapshot), ``last_action_id(agent=None)``,
     ``activate()``, ``wrap(fn)``, ``finish(status="completed", error=None) -> Episode | None``
     (idempotent; builds, validates and submits the episode).
+
+``jsonable(obj)``: a JSON-safe copy of an app input/output (what ``Episode.task`` holds).
 
 Errors and listeners
     ``guarded(where, recorder=None)``: context manager that logs + counts any exception.
@@ -150,6 +157,25 @@ def _resolve_store(store: Any) -> Any:
         return _default_store
 
 
+def jsonable(obj: Any) -> Any:
+    """A JSON-safe copy of an app's input/output for ``Episode.task`` (messages become role/content)."""
+    import json
+
+    def default(o: Any) -> Any:
+        if hasattr(o, "type") and hasattr(o, "content"):  # a LangChain message
+            return {"role": o.type, "content": o.content}
+        if hasattr(o, "model_dump"):
+            return o.model_dump(mode="json")
+        if isinstance(o, (set, frozenset, tuple)):
+            return list(o)
+        return repr(o)
+
+    try:
+        return json.loads(json.dumps(obj, default=default))
+    except (TypeError, ValueError):
+        return repr(obj)
+
+
 def _as(model: type, value: Any) -> Any:
     if value is None or isinstance(value, model):
         return value
@@ -173,7 +199,7 @@ class EpisodeRecorder:
     ):
         self.id = episode_id or new_id()
         self._store = store
-        self.task = task
+        self.task = jsonable(task) if task is not None else None
         self.source = source
         self.metadata: dict[str, Any] = dict(metadata or {})
         self.started_at = utcnow()
@@ -201,8 +227,8 @@ class EpisodeRecorder:
         return new_id()
 
     def set_task(self, task: Any) -> None:
-        if self.task is None:
-            self.task = task
+        if self.task is None and task is not None:
+            self.task = jsonable(task)
 
     def record_action(
         self,
@@ -307,6 +333,15 @@ class EpisodeRecorder:
                     return a.id
         return None
 
+    def producers_of(self, texts: Any) -> list[str]:
+        """Ids of recorded actions whose non-empty output text occurs in one of ``texts`` (message flow)."""
+        texts = [t for t in texts if t]
+        with self._lock:
+            return [
+                a.id for a in self._actions
+                if a.output.text.strip() and any(a.output.text.strip() in t for t in texts)
+            ]
+
     def _count_error(self, msg: str) -> None:
         with self._lock:
             self._errors += 1
@@ -373,9 +408,30 @@ class EpisodeRecorder:
 # -- context managers ----------------------------------------------------------------------------
 
 
+_FINDERS: list[Callable[[], EpisodeRecorder | None]] = []
+
+
+def register_episode_finder(fn: Callable[[], EpisodeRecorder | None]) -> None:
+    """Let an adapter expose the episode of a run it captures without setting the context variable
+    (the LangGraph capture finds its run from LangChain's runnable config inside a node)."""
+    if fn not in _FINDERS:
+        _FINDERS.append(fn)
+
+
 def current_episode() -> EpisodeRecorder | None:
+    """The explicit episode of this context, else the episode of a captured run we are inside."""
     ep = _CURRENT.get()
-    return ep if ep is not None and not ep.closed else None
+    if ep is not None and not ep.closed:
+        return ep
+    for find in _FINDERS:
+        try:
+            ep = find()
+        except Exception as e:  # noqa: BLE001
+            capture_error("recording.finder", e)
+            continue
+        if ep is not None and not ep.closed:
+            return ep
+    return None
 
 
 @contextmanager

@@ -1,0 +1,747 @@
+"""Capture LangGraph runs as Flex-POMDP episodes.
+
+``instrument(app, store=None, reward_fn=None)`` wraps a compiled graph in place (and returns it):
+``invoke``/``ainvoke``/``stream``/``astream`` (and ``batch``/``abatch``, which call them) return
+exactly what they did, and each run becomes one Episode (``app.last_episode_id``); inside
+``marft_bridge.episode(...)`` runs join that episode instead. ``uninstrument(app)`` undoes it.
+``with capture(store=...):`` captures every graph run started in the block, for apps built
+elsewhere. ``reward_fn(inputs, outputs) -> float`` adds a team reward per run (for streams,
+``outputs`` is the list of streamed chunks).
+
+What becomes what:
+- An agent is a node, or the node's ``metadata={"agent_name": ...}``; nodes of subgraphs are
+  named by their path (``"team/researcher"``). Each chat-model call inside a node (LangChain
+  callbacks, so structured output, tool binding and streaming are all seen) is an ``llm``
+  action; a direct ``openai`` client call in a node is one too (see ``adapters.openai``). A node
+  that calls no model is recorded as an ``env`` action (not trained).
+- ``Action.step`` is the LangGraph superstep (offset so later runs of one episode come after
+  earlier ones); actions of a subgraph take the superstep of the parent node that ran it, and
+  the raw steps are kept in ``metadata["langgraph_steps"]``.
+- ``depends_on`` follows the data, not the clock: the capture hooks LangGraph's Pregel loop
+  (``tick`` / ``after_tick``) and keeps, per channel, the actions whose output the channel's
+  current value came from (reducer channels accumulate, plain channels are replaced, cleared
+  channels are dropped). A task depends on the provenance of the channels its node reads and
+  of its triggers; a ``Send`` task on the task that sent it; a subgraph's first step on the
+  parent task's inputs, and the parent's writes carry the subgraph's output provenance. Model
+  calls later in the same node also depend on the node's earlier calls. Env nodes pass
+  provenance along through their own action.
+
+Capture never breaks the app: every hook runs under ``recording.guarded`` (errors logged and
+counted in ``recording.capture_stats()``), and episodes are written through ``store.submit``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.tracers.context import register_configure_hook
+
+from .. import recording
+from ..recording import EpisodeRecorder, capture_error, guarded
+from ..schema import utcnow
+from . import openai as oa
+
+_PUSH = "__pregel_push"
+_TASKS = "__pregel_tasks"
+_ERROR = "__error__"
+# Channel types whose value accumulates every write (so provenance accumulates too).
+_ACCUMULATING = {"BinaryOperatorAggregate", "Topic", "NamedBarrierValue", "NamedBarrierValueAfterFinish"}
+_ENV_OUTPUT_CHARS = 4000
+
+_CAPTURE_HANDLER: contextvars.ContextVar[CaptureHandler | None] = contextvars.ContextVar(
+    "marft_langgraph_capture", default=None
+)
+register_configure_hook(_CAPTURE_HANDLER, inheritable=True)
+
+
+# -- records of one run --------------------------------------------------------------------------
+
+
+class _Task:
+    """One LangGraph task (a node execution) of a captured run."""
+
+    __slots__ = ("id", "run", "agent", "node", "step", "lg_steps", "ns", "deps", "actions", "children", "internal",
+                 "calls")
+
+    def __init__(self, id: str, run: _Run, agent: str, node: str, step: int, lg_steps: list[int], ns: str,
+                 deps: frozenset[str], internal: bool):
+        self.id = id
+        self.run = run
+        self.agent = agent
+        self.node = node
+        self.step = step
+        self.lg_steps = lg_steps
+        self.ns = ns
+        self.deps = deps
+        self.actions: list[str] = []
+        self.children: list[_LoopState] = []
+        self.internal = internal
+        self.calls = 0  # model calls seen, recorded or not
+
+
+class _LoopState:
+    """Provenance of one Pregel loop's channels (a root graph or a subgraph)."""
+
+    __slots__ = ("loop", "run", "parent", "prov", "sends", "seen", "is_root")
+
+    def __init__(self, loop: Any, run: _Run, parent: _Task | None):
+        self.loop = loop
+        self.run = run
+        self.parent = parent
+        self.prov: dict[str, frozenset[str]] = {}
+        self.sends: dict[int, tuple[Any, frozenset[str]]] = {}  # id(Send.arg) -> (Send, provenance)
+        self.seen: set[str] = set()
+        self.is_root = parent is None
+
+    def output_provenance(self) -> frozenset[str]:
+        keys = self.loop.output_keys
+        keys = [keys] if isinstance(keys, str) else keys
+        return frozenset().union(*(self.prov.get(k, frozenset()) for k in keys))
+
+
+class _Run:
+    """One captured graph run: where its actions go and the tasks it has seen."""
+
+    def __init__(self, handler: CaptureHandler, recorder: EpisodeRecorder, owned: bool, task_input: Any = None):
+        self.handler = handler
+        self.recorder = recorder
+        self.owned = owned
+        self.input = task_input
+        self.base: int | None = None
+        self.lock = threading.Lock()
+        self.order: dict[str, int] = {}
+        self.task_ids: list[str] = []
+        self.finished = False
+
+    def sorted_ids(self, ids: Any) -> list[str]:
+        return sorted(ids, key=lambda i: self.order.get(i, 1 << 60))
+
+    def record(self, task: _Task, kind: str, fields: dict[str, Any], deps: Any, started: datetime | None,
+               extra_meta: dict[str, Any] | None = None) -> str:
+        meta = {"langgraph_node": task.node, "langgraph_steps": task.lg_steps, "langgraph_checkpoint_ns": task.ns}
+        meta.update(fields.pop("metadata", None) or {})
+        meta.update(extra_meta or {})
+        aid = self.recorder.record_action(
+            task.agent, kind=kind, step=task.step, depends_on=self.sorted_ids(deps), started_at=started,
+            metadata=meta, **fields,
+        )
+        with self.lock:
+            self.order[aid] = len(self.order)
+            task.actions.append(aid)
+        return aid
+
+    def finish(self, output: Any = None, error: BaseException | None = None, closed_early: bool = False) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        h = self.handler
+        for tid in self.task_ids:
+            h.tasks.pop(tid, None)
+        rec = self.recorder
+        with guarded("langgraph.reward_fn", rec):
+            if h.reward_fn is not None and error is None:
+                rec.reward(float(h.reward_fn(self.input, output)), source="reward_fn")
+        if closed_early:
+            rec.metadata["stream_closed_early"] = True
+        if self.owned:
+            rec.finish("failed" if error is not None else "completed",
+                       f"{type(error).__name__}: {error}" if error is not None else None)
+        if h.on_finish is not None:
+            h.on_finish(rec)
+
+
+# -- message conversion --------------------------------------------------------------------------
+
+_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "function"}
+
+
+def _tool_calls(msg: Any) -> list[dict] | None:
+    calls = getattr(msg, "tool_calls", None)
+    if not calls:
+        return None
+    return [
+        {"id": c.get("id"), "type": "function",
+         "function": {"name": c.get("name"), "arguments": json.dumps(c.get("args"), default=str)}}
+        for c in calls
+    ]
+
+
+def _message(m: Any) -> dict[str, Any]:
+    role = _ROLES.get(getattr(m, "type", ""), getattr(m, "role", None) or "user")
+    out: dict[str, Any] = {"role": role, "content": oa._text(getattr(m, "content", None))}
+    if getattr(m, "name", None):
+        out["name"] = m.name
+    if getattr(m, "tool_call_id", None):
+        out["tool_call_id"] = m.tool_call_id
+    tc = _tool_calls(m) if role == "assistant" else None
+    if tc:
+        out["tool_calls"] = tc
+    return out
+
+
+def _sampling(params: dict[str, Any]) -> dict[str, Any] | None:
+    extra = params.get("extra_body") or {}
+    s = {k: params.get(k, extra.get(k)) for k in ("temperature", "top_p", "top_k", "seed")}
+    s["max_tokens"] = params.get("max_tokens") or params.get("max_completion_tokens")
+    stop = params.get("stop")
+    s["stop"] = [stop] if isinstance(stop, str) else stop
+    s = {k: v for k, v in s.items() if v is not None}
+    return s or None
+
+
+# -- the callback handler ------------------------------------------------------------------------
+
+
+class _Call:
+    __slots__ = ("task", "deps", "messages", "params", "model", "started", "sink", "sink_token")
+
+    def __init__(self, task: _Task, deps: frozenset[str], messages: list[dict], params: dict, model: str,
+                 sink: oa.RawCall, sink_token: Any):
+        self.task = task
+        self.deps = deps
+        self.messages = messages
+        self.params = params
+        self.model = model
+        self.started = utcnow()
+        self.sink = sink
+        self.sink_token = sink_token
+
+
+class CaptureHandler(BaseCallbackHandler):
+    """Receives chat-model events of captured runs; the Pregel hooks feed it tasks.
+
+    One handler per ``instrument``-ed run (``run`` set) or per ``capture()`` block (a run per
+    root graph run).
+    """
+
+    run_inline = True  # events arrive in the model's own context, so the raw-response sink lines up
+    raise_error = False
+    ignore_chain = True  # nodes come from the Pregel hooks; chain events would only cost time
+    ignore_agent = True
+    ignore_retriever = True
+    ignore_retry = True
+    ignore_custom_event = True
+
+    def __init__(self, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
+                 source: str = "langgraph", on_finish: Callable[[EpisodeRecorder], None] | None = None):
+        self.store = store
+        self.reward_fn = reward_fn
+        self.source = source
+        self.on_finish = on_finish
+        self.run: _Run | None = None
+        self.tasks: dict[str, _Task] = {}
+        self.calls: dict[UUID, _Call] = {}
+
+    def new_run(self, task_input: Any) -> _Run:
+        rec = recording.current_episode()
+        owned = rec is None
+        if owned:
+            rec = EpisodeRecorder(self.store, task=task_input, source=self.source)
+        else:
+            rec.set_task(task_input)
+        return _Run(self, rec, owned, task_input)
+
+    # chat-model events ----------------------------------------------------------------------
+
+    def on_chat_model_start(self, serialized: dict, messages: list, *, run_id: UUID, metadata: dict | None = None,
+                            **kw: Any) -> None:
+        with guarded("langgraph.chat_model_start"):
+            self._start(serialized, [_message(m) for m in messages[0]] if messages else [], run_id, metadata, kw)
+
+    def on_llm_start(self, serialized: dict, prompts: list[str], *, run_id: UUID, metadata: dict | None = None,
+                     **kw: Any) -> None:
+        with guarded("langgraph.llm_start"):
+            self._start(serialized, [{"role": "user", "content": prompts[0]}] if prompts else [], run_id, metadata, kw)
+
+    def _start(self, serialized: dict, messages: list[dict], run_id: UUID, metadata: dict | None, kw: dict) -> None:
+        metadata = metadata or {}
+        task = self.tasks.get(_task_id(metadata.get("langgraph_checkpoint_ns")))
+        if task is None:
+            return  # not a call of a run this handler captures
+        params = kw.get("invocation_params") or {}
+        model = (params.get("model") or params.get("model_name") or metadata.get("ls_model_name")
+                 or (serialized or {}).get("name") or params.get("_type") or "unknown")
+        with task.run.lock:
+            deps = task.deps | frozenset(task.actions)
+            task.calls += 1
+        sink = oa.RawCall()
+        token = oa.RAW_SINK.set(sink)
+        self.calls[run_id] = _Call(task, deps, messages, params, str(model), sink, token)
+
+    def on_llm_end(self, response: Any, *, run_id: UUID, **kw: Any) -> None:
+        call = self.calls.pop(run_id, None)
+        if call is None:
+            return
+        self._close_sink(call)
+        with guarded("langgraph.llm_end", call.task.run.recorder):
+            if call.sink.response is not None:
+                fields = oa.completion_fields(call.sink.request or {}, call.sink.response)
+                fields["observation"]["messages"] = call.messages or fields["observation"]["messages"]
+            else:
+                fields = self._fields_from_generation(call, response)
+            call.task.run.record(call.task, "llm", fields, call.deps, call.started)
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kw: Any) -> None:
+        call = self.calls.pop(run_id, None)
+        if call is None:
+            return
+        self._close_sink(call)
+        with guarded("langgraph.llm_error", call.task.run.recorder):
+            fields = {"observation": {"messages": call.messages}, "policy": {"name": call.model},
+                      "sampling": _sampling(call.params), "error": f"{type(error).__name__}: {error}"}
+            call.task.run.record(call.task, "llm", fields, call.deps, call.started)
+
+    @staticmethod
+    def _close_sink(call: _Call) -> None:
+        call.sink.done = True
+        try:
+            oa.RAW_SINK.reset(call.sink_token)
+        except ValueError:  # ended in another context; the done flag already disarms it
+            pass
+
+    @staticmethod
+    def _fields_from_generation(call: _Call, response: Any) -> dict[str, Any]:
+        gen = response.generations[0][0]
+        msg = getattr(gen, "message", None)
+        info = gen.generation_info or {}
+        rmeta = getattr(msg, "response_metadata", None) or {}
+        ids, lps, problem = oa.token_data(info.get("logprobs") or rmeta.get("logprobs"), None)
+        meta = {"token_data_dropped": problem} if problem else {}
+        return {
+            "observation": {"messages": call.messages},
+            "output": {"text": gen.text or "", "token_ids": ids, "logprobs": lps, "tool_calls": _tool_calls(msg),
+                       "finish_reason": info.get("finish_reason") or rmeta.get("finish_reason")},
+            "sampling": _sampling(call.params),
+            "policy": {"name": call.model},
+            "metadata": meta,
+        }
+
+    # Pregel loop events -----------------------------------------------------------------------
+
+    def attach(self, loop: Any) -> _LoopState | None:
+        ns = (loop.config.get("configurable") or {}).get("checkpoint_ns") or ""
+        parent = self.tasks.get(_task_id(ns)) if ns else None
+        if parent is not None:
+            st = _LoopState(loop, parent.run, parent)
+            parent.children.append(st)
+            return st
+        if self.run is None:  # capture(): every root graph run is a run of its own
+            run = self.new_run(recording.jsonable(loop.input))
+            st = _LoopState(loop, run, None)
+            st.is_root = True
+            loop.__dict__["_marft_owns_run"] = run
+        elif self.run.base is not None:
+            return None  # a second root loop under one instrumented call: not ours
+        else:
+            st = _LoopState(loop, self.run, None)
+        st.run.base = st.run.recorder.max_step() or 0
+        return st
+
+
+def _task_id(ns: str | None) -> str | None:
+    if not ns:
+        return None
+    return ns.rsplit("|", 1)[-1].rpartition(":")[2] or None
+
+
+# -- Pregel loop hooks ---------------------------------------------------------------------------
+
+
+def _find_handler(loop: Any) -> CaptureHandler | None:
+    mgr = getattr(loop, "manager", None)
+    handlers = getattr(mgr, "handlers", None)
+    if handlers is None:
+        cbs = (loop.config or {}).get("callbacks")
+        handlers = getattr(cbs, "handlers", cbs) or []
+    for h in reversed(handlers):
+        if isinstance(h, CaptureHandler):
+            return h
+    return None
+
+
+def _state(loop: Any) -> _LoopState | None:
+    st = loop.__dict__.get("_marft")
+    if st is None:
+        h = _find_handler(loop)
+        st = (h.attach(loop) if h is not None else None) or False
+        loop.__dict__["_marft"] = st
+    return st or None
+
+
+def _register_tasks(st: _LoopState) -> None:
+    loop, run, parent = st.loop, st.run, st.parent
+    handler = run.handler
+    for task in loop.tasks.values():
+        if task.id in st.seen:
+            continue
+        st.seen.add(task.id)
+        internal = task.name.startswith("__")
+        if internal:
+            deps = parent.deps if parent is not None else frozenset()
+        elif task.path and task.path[0] == _PUSH:
+            sent = st.sends.get(id(task.input))
+            deps = sent[1] if sent is not None and sent[0].arg is task.input else frozenset().union(
+                *(p for _, p in st.sends.values()))
+        else:
+            node = loop.nodes.get(task.name)
+            chans = getattr(node, "channels", None) or []
+            chans = [chans] if isinstance(chans, str) else list(chans)
+            deps = frozenset().union(*(st.prov.get(c, frozenset()) for c in (*chans, *task.triggers)))
+        meta = task.config.get("metadata") or {}
+        name = str(meta.get("agent_name") or task.name)
+        if parent is not None:
+            agent, step, lg_steps = f"{parent.agent}/{name}", parent.step, [*parent.lg_steps, loop.step]
+        else:
+            agent, step, lg_steps = name, (run.base or 0) + loop.step, [loop.step]
+        ns = meta.get("langgraph_checkpoint_ns") or task.id
+        handler.tasks[task.id] = _Task(task.id, run, agent, task.name, step, lg_steps, ns, deps, internal)
+        run.task_ids.append(task.id)
+
+
+def _task_output(st: _LoopState, task: Any, t: _Task) -> frozenset[str]:
+    if t.internal:
+        return t.deps
+    if t.children:
+        out = frozenset().union(*(c.output_provenance() for c in t.children))
+        if out or not t.actions:
+            return out or t.deps
+    if not t.actions and t.calls:
+        return t.deps  # its model calls could not be recorded (counted): pass the inputs on
+    if not t.actions:
+        # A node that called no model: an environment step, recorded (not trained).
+        err = next((str(v) for c, v in task.writes if c == _ERROR), None)
+        writes = {c: v for c, v in task.writes if not c.startswith(("__", "branch:"))}
+        text = json.dumps(writes, default=str)[:_ENV_OUTPUT_CHARS] if writes else ""
+        t.run.record(t, "env", {"output": {"text": text}, "error": err}, t.deps, None)
+    return frozenset(t.actions)
+
+
+def _apply_writes(st: _LoopState) -> None:
+    loop, handler = st.loop, st.run.handler
+    st.sends = {}
+    written: set[str] = set()
+    for task in loop.tasks.values():
+        t = handler.tasks.get(task.id)
+        if t is None:
+            continue
+        out = _task_output(st, task, t)
+        for ch, val in task.writes:
+            if ch == _TASKS:
+                if hasattr(val, "arg"):
+                    st.sends[id(val.arg)] = (val, out)
+                continue
+            kind = type(loop.channels.get(ch)).__name__
+            if kind in _ACCUMULATING or ch in written:
+                st.prov[ch] = st.prov.get(ch, frozenset()) | out
+            else:
+                st.prov[ch] = out
+            written.add(ch)
+
+
+def _drop_cleared(st: _LoopState) -> None:
+    channels = st.loop.channels
+    for ch in list(st.prov):
+        c = channels.get(ch)
+        if c is None or not c.is_available():
+            del st.prov[ch]
+
+
+_patched: dict[str, Any] = {}
+
+
+def _patch_pregel() -> None:
+    """Hook the Pregel loop once per process; loops of runs nobody captures pay one dict lookup."""
+    if _patched:
+        return
+    from langgraph.pregel import _loop
+
+    cls, sync_cls, async_cls = _loop.PregelLoop, _loop.SyncPregelLoop, _loop.AsyncPregelLoop
+    tick, after_tick = cls.tick, cls.after_tick
+    sync_exit, async_exit = sync_cls.__exit__, async_cls.__aexit__
+
+    def hooked_tick(self: Any) -> bool:
+        more = tick(self)
+        if more:
+            with guarded("langgraph.tick"):
+                st = _state(self)
+                if st is not None:
+                    _register_tasks(st)
+        return more
+
+    def hooked_after_tick(self: Any) -> None:
+        st = None
+        with guarded("langgraph.after_tick"):
+            st = _state(self)
+            if st is not None:
+                _apply_writes(st)
+        after_tick(self)
+        if st is not None:
+            with guarded("langgraph.after_tick"):
+                _drop_cleared(st)
+
+    def hooked_exit(self: Any, exc_type: Any, exc: Any, tb: Any) -> Any:
+        try:
+            return sync_exit(self, exc_type, exc, tb)
+        finally:
+            _finish_owned(self, exc)
+
+    async def hooked_aexit(self: Any, exc_type: Any, exc: Any, tb: Any) -> Any:
+        try:
+            return await async_exit(self, exc_type, exc, tb)
+        finally:
+            _finish_owned(self, exc)
+
+    _patched.update(tick=tick, after_tick=after_tick, exit=sync_exit, aexit=async_exit)
+    cls.tick, cls.after_tick = hooked_tick, hooked_after_tick
+    sync_cls.__exit__, async_cls.__aexit__ = hooked_exit, hooked_aexit
+
+
+def _finish_owned(loop: Any, exc: BaseException | None) -> None:
+    run = loop.__dict__.get("_marft_owns_run")
+    if run is not None:
+        with guarded("langgraph.finish", run.recorder):
+            out = None
+            with guarded("langgraph.output", run.recorder):
+                out = recording.jsonable(loop.output) if exc is None else None
+            run.finish(out, exc)
+
+
+# -- context lookups used by other adapters ------------------------------------------------------
+
+
+def _current_task() -> _Task | None:
+    from langchain_core.runnables.config import var_child_runnable_config
+
+    cfg = var_child_runnable_config.get()
+    if not cfg:
+        return None
+    tid = _task_id((cfg.get("metadata") or {}).get("langgraph_checkpoint_ns"))
+    if tid is None:
+        return None
+    cbs = cfg.get("callbacks")
+    handlers = getattr(cbs, "handlers", cbs) or []
+    for h in reversed(handlers):
+        if isinstance(h, CaptureHandler) and tid in h.tasks:
+            return h.tasks[tid]
+    return None
+
+
+def _current_recorder() -> EpisodeRecorder | None:
+    t = _current_task()
+    return t.run.recorder if t is not None else None
+
+
+recording.register_episode_finder(_current_recorder)
+
+
+def in_captured_task() -> bool:
+    return _current_task() is not None
+
+
+def record_in_current_task(fields: dict[str, Any], started: datetime) -> bool:
+    """Record a direct model call (e.g. the openai client) made inside a captured node."""
+    t = _current_task()
+    if t is None:
+        return False
+    with t.run.lock:
+        deps = t.deps | frozenset(t.actions)
+        t.calls += 1
+    t.run.record(t, "llm", fields, deps, started)
+    return True
+
+
+# -- instrument / capture ------------------------------------------------------------------------
+
+_METHODS = ("invoke", "ainvoke", "stream", "astream")
+
+
+def _with_handler(config: Any, handler: CaptureHandler) -> dict:
+    cfg = dict(config or {})
+    cbs = cfg.get("callbacks")
+    if cbs is None:
+        cfg["callbacks"] = [handler]
+    elif isinstance(cbs, list):
+        cfg["callbacks"] = [*cbs, handler]
+    else:
+        mgr = cbs.copy()
+        mgr.add_handler(handler, inherit=True)
+        cfg["callbacks"] = mgr
+    return cfg
+
+
+def _has_handler(config: Any) -> bool:
+    cbs = (config or {}).get("callbacks") if isinstance(config, dict) else None
+    handlers = getattr(cbs, "handlers", cbs) or []
+    return any(isinstance(h, CaptureHandler) for h in handlers)
+
+
+class _Instrumentation:
+    def __init__(self, app: Any, store: Any, reward_fn: Any, source: str):
+        self.app = app
+        self.store = store
+        self.reward_fn = reward_fn
+        self.source = source
+        self.originals = {m: getattr(app, m) for m in _METHODS}
+
+    def start(self, inputs: Any) -> _Run | None:
+        try:
+            h = CaptureHandler(self.store, self.reward_fn, self.source, on_finish=self._done)
+            h.run = h.new_run(recording.jsonable(inputs))
+            h.run.input = inputs
+            return h.run
+        except Exception as e:  # noqa: BLE001
+            capture_error("langgraph.start", e)
+            return None
+
+    def _done(self, rec: EpisodeRecorder) -> None:
+        self.app.__dict__["last_episode_id"] = rec.id
+
+    def finish(self, run: _Run, output: Any = None, error: BaseException | None = None, early: bool = False) -> None:
+        with guarded("langgraph.finish", run.recorder):
+            run.finish(output, error, early)
+
+    def install(self) -> None:
+        app, orig = self.app, self.originals
+
+        def invoke(input: Any, config: Any = None, **kw: Any) -> Any:
+            if _has_handler(config) or (run := self.start(input)) is None:
+                return orig["invoke"](input, config, **kw)
+            try:
+                out = orig["invoke"](input, _with_handler(config, run.handler), **kw)
+            except BaseException as e:
+                self.finish(run, error=e)
+                raise
+            self.finish(run, out)
+            return out
+
+        async def ainvoke(input: Any, config: Any = None, **kw: Any) -> Any:
+            if _has_handler(config) or (run := self.start(input)) is None:
+                return await orig["ainvoke"](input, config, **kw)
+            try:
+                out = await orig["ainvoke"](input, _with_handler(config, run.handler), **kw)
+            except BaseException as e:
+                self.finish(run, error=e)
+                raise
+            self.finish(run, out)
+            return out
+
+        def stream(input: Any, config: Any = None, **kw: Any) -> Any:
+            if _has_handler(config) or (run := self.start(input)) is None:
+                return orig["stream"](input, config, **kw)
+            return self._stream(run, orig["stream"](input, _with_handler(config, run.handler), **kw))
+
+        def astream(input: Any, config: Any = None, **kw: Any) -> Any:
+            if _has_handler(config) or (run := self.start(input)) is None:
+                return orig["astream"](input, config, **kw)
+            return self._astream(run, orig["astream"](input, _with_handler(config, run.handler), **kw))
+
+        for name, fn in (("invoke", invoke), ("ainvoke", ainvoke), ("stream", stream), ("astream", astream)):
+            fn.__wrapped__ = orig[name]  # type: ignore[attr-defined]
+            fn.__doc__ = getattr(orig[name], "__doc__", None)
+            app.__dict__[name] = fn
+
+    def _stream(self, run: _Run, it: Any) -> Any:
+        chunks: list[Any] = []
+        keep = self.reward_fn is not None
+        try:
+            for chunk in it:
+                if keep:
+                    chunks.append(chunk)
+                yield chunk
+        except GeneratorExit:
+            self.finish(run, chunks, early=True)
+            raise
+        except BaseException as e:
+            self.finish(run, error=e)
+            raise
+        self.finish(run, chunks)
+
+    async def _astream(self, run: _Run, it: Any) -> Any:
+        chunks: list[Any] = []
+        keep = self.reward_fn is not None
+        try:
+            async for chunk in it:
+                if keep:
+                    chunks.append(chunk)
+                yield chunk
+        except GeneratorExit:
+            self.finish(run, chunks, early=True)
+            raise
+        except BaseException as e:
+            self.finish(run, error=e)
+            raise
+        self.finish(run, chunks)
+
+
+def instrument(app: Any, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
+               source: str = "langgraph") -> Any:
+    """Capture every run of a compiled LangGraph graph as an Episode; returns the same object.
+
+    ``store``: a ``TraceStore`` (default ``TraceStore.open()``). ``reward_fn(inputs, outputs)``
+    returns a team reward per run. Calling it again on an instrumented app updates the settings.
+    """
+    if not all(callable(getattr(app, m, None)) for m in _METHODS):
+        raise TypeError(f"instrument() needs a compiled LangGraph graph, got {type(app).__name__}")
+    _patch_pregel()
+    oa.install()
+    cur = app.__dict__.get("_marft_instrumentation")
+    if cur is not None:
+        cur.store, cur.reward_fn, cur.source = store, reward_fn, source
+        return app
+    inst = _Instrumentation(app, store, reward_fn, source)
+    inst.install()
+    app.__dict__["_marft_instrumentation"] = inst
+    app.__dict__.setdefault("last_episode_id", None)
+    return app
+
+
+def uninstrument(app: Any) -> Any:
+    """Remove what ``instrument`` added; the app behaves as before it was instrumented."""
+    inst = app.__dict__.pop("_marft_instrumentation", None)
+    if inst is not None:
+        for m in _METHODS:
+            app.__dict__.pop(m, None)
+        app.__dict__.pop("last_episode_id", None)
+    return app
+
+
+class capture:
+    """``with capture(store=...) as c:`` records every LangGraph run started in the block.
+
+    Runs inside ``marft_bridge.episode(...)`` join it; otherwise each root graph run is one
+    Episode. ``c.episode_ids`` lists the episodes this block recorded, in finishing order.
+    """
+
+    def __init__(self, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
+                 source: str = "langgraph"):
+        self.handler = CaptureHandler(store, reward_fn, source, on_finish=self._done)
+        self.episode_ids: list[str] = []
+        self._token: Any = None
+
+    def _done(self, rec: EpisodeRecorder) -> None:
+        self.episode_ids.append(rec.id)
+
+    def __enter__(self) -> capture:
+        _patch_pregel()
+        oa.install()
+        self._token = _CAPTURE_HANDLER.set(self.handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _CAPTURE_HANDLER.reset(self._token)
+
+    async def __aenter__(self) -> capture:
+        return self.__enter__()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.__exit__(*exc)
+
+
+__all__ = ["CaptureHandler", "capture", "in_captured_task", "instrument", "record_in_current_task", "uninstrument"]

@@ -1,0 +1,231 @@
+"""Capture from OpenAI-compatible clients (the ``openai`` package, and ``langchain_openai`` on top of it).
+
+The hook sits on the ``openai`` client's HTTP ``post`` for ``/chat/completions``, so it sees the
+request body and the full response JSON, including fields that ``langchain_openai.ChatOpenAI``
+drops: vLLM's ``choices[].token_ids`` and ``prompt_token_ids`` (``return_token_ids``), the sampled
+tokens' ``logprobs``, and our server's top-level ``"adapter": {"name", "version"}``. Token ids and
+log-probs are stored exactly (``token_source="server"``); without them the action keeps its text
+and is marked for re-tokenisation (``token_source="retokenize"``).
+
+Where a call lands:
+- inside a LangChain chat-model call that the LangGraph capture is recording: the raw response is
+  handed to that call (one action, with exact token data);
+- inside a captured LangGraph node (a direct ``client.chat.completions.create``): an action of
+  that node's agent, with the node's dependencies;
+- inside ``marft_bridge.episode(...)``: an action whose agent is the model name (= adapter
+  name), depending on earlier actions whose output text appears in its messages.
+Outside all of these the hook does nothing. Streaming responses are not parsed here.
+
+``install()`` / ``uninstall()`` patch and restore the client (``install`` is idempotent and is
+called by ``marft_bridge.instrument``/``capture``). ``completion_fields(request, response)``
+turns one request/response pair into the keyword arguments of ``EpisodeRecorder.record_action``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import sys
+from datetime import datetime
+from typing import Any
+
+from ..recording import current_episode, guarded
+from ..schema import utcnow
+
+_PATHS = ("/chat/completions",)
+
+
+class RawCall:
+    """The request and response of one OpenAI-API call, filled in by the client hook."""
+
+    __slots__ = ("request", "response", "started_at", "ended_at", "done")
+
+    def __init__(self) -> None:
+        self.request: dict | None = None
+        self.response: dict | None = None
+        self.started_at: datetime | None = None
+        self.ended_at: datetime | None = None
+        self.done = False
+
+
+# Set by the LangGraph capture while a LangChain chat-model call runs: the hook fills it.
+RAW_SINK: contextvars.ContextVar[RawCall | None] = contextvars.ContextVar("marft_raw_sink", default=None)
+
+_originals: dict[str, Any] = {}
+
+
+# -- parsing -------------------------------------------------------------------------------------
+
+
+def _text(content: Any) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts
+        return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    return str(content)
+
+
+def _message(m: dict) -> dict:
+    out: dict[str, Any] = {"role": str(m.get("role") or "user"), "content": _text(m.get("content"))}
+    for k in ("name", "tool_call_id"):
+        if m.get(k) is not None:
+            out[k] = str(m[k])
+    if m.get("tool_calls"):
+        out["tool_calls"] = [dict(tc) for tc in m["tool_calls"]]
+    return out
+
+
+def token_data(logprobs: Any, token_ids: list[int] | None) -> tuple[list[int] | None, list[float] | None, str | None]:
+    """(token ids, log-probs, problem) from a choice's ``logprobs`` and ``token_ids``.
+
+    Token ids come from ``token_ids`` or, with vLLM's ``return_tokens_as_token_ids``, from
+    ``"token_id:N"`` token strings. Mismatched lengths drop both (the problem says why).
+    """
+    content = (logprobs or {}).get("content") if isinstance(logprobs, dict) else None
+    lps = [float(c["logprob"]) for c in content] if content else None
+    ids = list(token_ids) if token_ids is not None else None
+    if ids is None and content and all(str(c.get("token", "")).startswith("token_id:") for c in content):
+        ids = [int(str(c["token"])[len("token_id:"):]) for c in content]
+    if ids is not None and lps is not None and len(ids) != len(lps):
+        return None, None, f"{len(lps)} log-probs for {len(ids)} token ids"
+    return ids, (lps if ids is not None else None), None
+
+
+def completion_fields(request: dict, response: dict) -> dict[str, Any]:
+    """``record_action`` keyword arguments for one chat-completions request/response pair."""
+    choice = (response.get("choices") or [{}])[0]
+    msg = choice.get("message") or {}
+    ids, lps, problem = token_data(choice.get("logprobs"), choice.get("token_ids"))
+    extra = request.get("extra_body") or {}
+
+    def param(name: str) -> Any:
+        return request.get(name, extra.get(name))
+
+    stop = param("stop")
+    sampling = {
+        "temperature": param("temperature"),
+        "top_p": param("top_p"),
+        "top_k": param("top_k"),
+        "max_tokens": param("max_completion_tokens") or param("max_tokens"),
+        "seed": param("seed"),
+        "stop": [stop] if isinstance(stop, str) else stop,
+    }
+    adapter = response.get("adapter") if isinstance(response.get("adapter"), dict) else {}
+    model = str(adapter.get("name") or request.get("model") or response.get("model") or "unknown")
+    metadata: dict[str, Any] = {"response_model": response.get("model"), "response_id": response.get("id")}
+    if problem:
+        metadata["token_data_dropped"] = problem
+    prompt_ids = response.get("prompt_token_ids") or choice.get("prompt_token_ids")
+    return {
+        "observation": {
+            "messages": [_message(m) for m in request.get("messages") or [] if isinstance(m, dict)],
+            "prompt_token_ids": list(prompt_ids) if prompt_ids is not None else None,
+        },
+        "output": {
+            "text": _text(msg.get("content")) or "",
+            "token_ids": ids,
+            "logprobs": lps,
+            "tool_calls": [dict(tc) for tc in msg["tool_calls"]] if msg.get("tool_calls") else None,
+            "finish_reason": choice.get("finish_reason"),
+        },
+        "sampling": {k: v for k, v in sampling.items() if v is not None} or None,
+        "policy": {"name": model, "version": adapter.get("version")},
+        "token_source": "server" if ids is not None else "retokenize",
+        "metadata": {k: v for k, v in metadata.items() if v is not None},
+    }
+
+
+def _response_dict(result: Any) -> dict | None:
+    if hasattr(result, "parse") and hasattr(result, "http_response"):  # with_raw_response
+        result = result.parse()
+    if hasattr(result, "model_dump"):
+        return result.model_dump(mode="json")
+    return result if isinstance(result, dict) else None
+
+
+# -- recording -----------------------------------------------------------------------------------
+
+
+def _deliver(path: str, body: Any, result: Any, started: datetime) -> None:
+    if path not in _PATHS or not isinstance(body, dict) or body.get("stream"):
+        return
+    sink = RAW_SINK.get()
+    if sink is not None and not sink.done:
+        sink.request, sink.response = dict(body), _response_dict(result)
+        sink.started_at, sink.ended_at = started, utcnow()
+        return
+    response = _response_dict(result)
+    if response is None:
+        return
+    fields = completion_fields(dict(body), response)
+    if "langgraph" in sys.modules:
+        from .langgraph import record_in_current_task
+
+        if record_in_current_task(fields, started):
+            return
+    rec = current_episode()
+    if rec is None:
+        return
+    texts = [m.get("content") or "" for m in fields["observation"]["messages"]]
+    rec.record_action(
+        fields["policy"]["name"],
+        depends_on=rec.producers_of(texts),
+        started_at=started,
+        **fields,
+    )
+
+
+def _active() -> bool:
+    sink = RAW_SINK.get()
+    if sink is not None and not sink.done:
+        return True
+    if current_episode() is not None:
+        return True
+    if "langgraph" in sys.modules:
+        from .langgraph import in_captured_task
+
+        return in_captured_task()
+    return False
+
+
+def install() -> None:
+    """Patch the openai client's ``post`` (sync and async). Idempotent."""
+    if _originals:
+        return
+    try:
+        from openai._base_client import AsyncAPIClient, SyncAPIClient
+    except ImportError:  # openai is optional
+        return
+    sync_post, async_post = SyncAPIClient.post, AsyncAPIClient.post
+
+    def post(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        if path not in _PATHS or not _active():
+            return sync_post(self, path, *args, **kwargs)
+        started = utcnow()
+        result = sync_post(self, path, *args, **kwargs)
+        with guarded("openai.capture"):
+            _deliver(path, kwargs.get("body"), result, started)
+        return result
+
+    async def apost(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        if path not in _PATHS or not _active():
+            return await async_post(self, path, *args, **kwargs)
+        started = utcnow()
+        result = await async_post(self, path, *args, **kwargs)
+        with guarded("openai.capture"):
+            _deliver(path, kwargs.get("body"), result, started)
+        return result
+
+    _originals["sync"], _originals["async"] = sync_post, async_post
+    SyncAPIClient.post, AsyncAPIClient.post = post, apost
+
+
+def uninstall() -> None:
+    """Restore the openai client's original methods."""
+    if not _originals:
+        return
+    from openai._base_client import AsyncAPIClient, SyncAPIClient
+
+    SyncAPIClient.post, AsyncAPIClient.post = _originals.pop("sync"), _originals.pop("async")
+
+
+__all__ = ["RAW_SINK", "RawCall", "completion_fields", "install", "token_data", "uninstall"]
