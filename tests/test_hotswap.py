@@ -1,0 +1,216 @@
+"""Hot-swap on a live `marft serve`: swaps under load lose nothing and every response's adapter
+version was live when it was served; bad adapters are refused while the old one keeps serving."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+
+import httpx
+import pytest
+
+from marft_bridge.serving.adapter_files import AdapterError
+from marft_bridge.serving.fixtures import DirectModel, make_random_adapter
+from marft_bridge.serving.process import ServerProcess
+from marft_bridge.serving.publishers import EmbeddedServerPublisher, InProcessPublisher
+from marft_bridge.serving.registry import AdapterRegistry
+
+KEY = "swap-key"
+MESSAGES = [{"role": "user", "content": "Solve 4+4."}]
+MAX_TOKENS = 4
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_dir, tmp_path_factory):
+    """planner v1..v6 (v1 current) and coder v1, plus the greedy outputs each must produce."""
+    tmp = tmp_path_factory.mktemp("hotswap")
+    reg = AdapterRegistry(tmp / "registry")
+    for seed in range(6):
+        reg.publish("planner", make_random_adapter(tiny_model_dir, tmp / f"p{seed}", seed=100 + seed, scale=3.0))
+    reg.promote("planner", 1)
+    reg.publish("coder", make_random_adapter(tiny_model_dir, tmp / "c", seed=200, scale=3.0), promote=True)
+    prompt = DirectModel(tiny_model_dir).chat_prompt(MESSAGES)
+    expected = {("planner", v): DirectModel(tiny_model_dir, reg.path("planner", v)).greedy(prompt, MAX_TOKENS)
+                for v in range(1, 7)}
+    expected[("coder", 1)] = DirectModel(tiny_model_dir, reg.path("coder", 1)).greedy(prompt, MAX_TOKENS)
+    # The versions must be distinguishable by their outputs, or the equality checks below prove nothing.
+    assert len({tuple(v) for v in expected.values()}) == 7
+    return reg, expected, tmp
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, setup):
+    reg = setup[0]
+    with ServerProcess(tiny_model_dir, reg.root, api_key=KEY, extra_args=["--threads", "1", "--max-lora-rank", "8"]) as srv:
+        yield srv
+
+
+def test_swaps_under_load(server, setup):
+    from openai import OpenAI
+
+    reg, expected, _ = setup
+    publisher = EmbeddedServerPublisher(server.url, KEY)
+    records, errors, lock = [], [], threading.Lock()
+    progress = threading.Semaphore(0)
+
+    def client(agent: str):
+        c = OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0)
+        for _ in range(100):
+            sent = time.monotonic()
+            try:
+                r = c.chat.completions.create(model=agent, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0,
+                                              extra_body={"return_token_ids": True}).model_dump()
+            except Exception as e:  # noqa: BLE001 - every failure is counted and reported
+                errors.append(repr(e))
+                continue
+            finally:
+                progress.release()
+            with lock:
+                records.append((agent, sent, time.monotonic(), r["adapter"]["version"], r["choices"][0]["token_ids"]))
+
+    threads = [threading.Thread(target=client, args=(a,)) for a in ("planner", "planner", "planner", "coder")]
+    for t in threads:
+        t.start()
+    # Swap after every 60 finished requests (progress, not wall time), so each version serves some.
+    swaps = {1: (float("-inf"), float("-inf"))}
+    for version in range(2, 7):
+        for _ in range(60):
+            progress.acquire()
+        began = time.monotonic()
+        reg.promote("planner", version, publisher=publisher)
+        swaps[version] = (began, time.monotonic())
+    for t in threads:
+        t.join()
+
+    assert errors == []
+    assert len(records) == 400
+    seen = set()
+    for agent, sent, received, version, tokens in records:
+        # Served output equals the direct output of the version the response names...
+        assert tokens == expected[(agent, version)], (agent, version)
+        if agent == "coder":
+            assert version == 1
+            continue
+        # ...and that version was live at some moment between sending and receiving: it was loaded
+        # before the response came back, and not yet replaced when the request went out.
+        assert received >= swaps[version][0]
+        if version < 6:
+            assert sent <= swaps[version + 1][1]
+        seen.add(version)
+    assert seen == {1, 2, 3, 4, 5, 6}
+    assert reg.current("planner") == 6
+    after_last = [r for r in records if r[0] == "planner" and r[1] > swaps[6][1]]
+    assert after_last and all(r[3] == 6 for r in after_last)
+
+
+def _planner_output(server):
+    r = httpx.post(server.base_url + "/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                   json={"model": "planner", "messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0,
+                         "return_token_ids": True})
+    r.raise_for_status()
+    return r.json()["adapter"]["version"], r.json()["choices"][0]["token_ids"]
+
+
+def _fake_version(reg: AdapterRegistry, src, version: int):
+    """A version directory placed in the registry by hand (bypassing publish's checks)."""
+    dst = reg.root / "planner" / f"v{version}"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_bad_adapters_refused_old_keeps_serving(server, setup, tiny_model_dir):
+    import torch
+    from safetensors.torch import load_file
+
+    reg, expected, tmp = setup
+    before = _planner_output(server)
+    current = reg.current("planner")
+    assert before == (current, expected[("planner", current)])
+    good = reg.path("planner", current)
+
+    rank16 = reg.publish("planner", make_random_adapter(tiny_model_dir, tmp / "r16", seed=5, rank=16))
+    from marft_bridge.tinymodel import build_tiny_model
+
+    other_base = build_tiny_model(tmp / "other_base", seed=1, hidden_size=48)
+    wrong_base = reg.publish("planner", make_random_adapter(other_base, tmp / "wb", seed=6))
+    same_shape_base = build_tiny_model(tmp / "same_shape", seed=2, num_layers=3)
+    wrong_base_fp = reg.publish("planner", make_random_adapter(same_shape_base, tmp / "wbfp", seed=7))
+    pickled = _fake_version(reg, good, 90)
+    torch.save(load_file(pickled / "adapter_model.safetensors"), pickled / "adapter_model.bin")
+    (pickled / "adapter_model.safetensors").unlink()
+    corrupt = _fake_version(reg, good, 91)
+    (corrupt / "adapter_model.safetensors").write_bytes(b"\x00" * 64)
+    mismatched = _fake_version(reg, good, 92)
+    cfg = json.loads((mismatched / "adapter_config.json").read_text())
+    (mismatched / "adapter_config.json").write_text(json.dumps({**cfg, "r": 2}))
+    (reg.root / "planner" / "v93").symlink_to(tmp / "p0")  # inside the root, pointing out of it
+
+    cases = {
+        str(pickled): "only safetensors",
+        str(corrupt): "corrupt",
+        str(reg.path("planner", rank16)): "exceeds the server's --max-lora-rank 8",
+        str(mismatched): "config says r=2",
+        str(reg.path("planner", wrong_base)): "wrong base model|fingerprint",
+        str(reg.path("planner", wrong_base_fp)): "fingerprint",
+        str(tmp / "p0"): "outside the registry",
+        str(reg.root / "planner" / "v93"): "outside the registry",
+        str(reg.root / "planner" / "v99"): "does not exist",
+    }
+    publisher = EmbeddedServerPublisher(server.url, KEY)
+    for path, message in cases.items():
+        with pytest.raises(AdapterError, match=message):
+            publisher.load("planner", path)
+        assert _planner_output(server) == before, path
+    # Through the registry: a refused promotion leaves the current version as it was.
+    with pytest.raises(AdapterError, match="fingerprint"):
+        reg.promote("planner", wrong_base_fp, publisher=publisher)
+    assert reg.current("planner") == current
+    # Admin endpoints need the key.
+    body = {"lora_name": "planner", "lora_path": str(good), "load_inplace": True}
+    assert httpx.post(server.base_url + "/load_lora_adapter", json=body).status_code == 401
+    assert httpx.post(server.base_url + "/load_lora_adapter", json=body,
+                      headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert httpx.post(server.base_url + "/unload_lora_adapter", json={"lora_name": "planner"}).status_code == 401
+    # Same name without load_inplace is refused, as in vLLM.
+    r = httpx.post(server.base_url + "/load_lora_adapter", json={**body, "load_inplace": False},
+                   headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 400 and "load_inplace" in r.json()["error"]["message"]
+    assert _planner_output(server) == before
+
+
+def test_unload_then_requests_get_404_and_reload(server, setup):
+    reg, expected, _ = setup
+    publisher = EmbeddedServerPublisher(server.url + "/v1", KEY)
+    publisher.unload("coder")
+    r = httpx.post(server.base_url + "/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                   json={"model": "coder", "messages": MESSAGES, "max_tokens": 2})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    with pytest.raises(AdapterError, match="not loaded"):
+        publisher.unload("coder")
+    assert publisher.deploy(reg, "coder") == 1
+    r = httpx.post(server.base_url + "/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                   json={"model": "coder", "messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0,
+                         "return_token_ids": True}).json()
+    assert r["adapter"] == {"name": "coder", "version": 1}
+    assert r["choices"][0]["token_ids"] == expected[("coder", 1)]
+
+
+def test_in_process_publisher(tiny_model_dir, setup):
+    from marft_bridge.serving.engine import AdapterEngine
+
+    reg, expected, _ = setup
+    engine = AdapterEngine(tiny_model_dir, registry=reg)
+    try:
+        publisher = InProcessPublisher(engine)
+        prompt = DirectModel(tiny_model_dir).chat_prompt(MESSAGES)
+        for version in (2, 5):
+            publisher.deploy(reg, "planner", version)
+            res = engine.generate(prompt, adapter="planner", max_tokens=MAX_TOKENS, temperature=0)
+            assert (res.version, res.token_ids) == (version, expected[("planner", version)])
+        with pytest.raises(AdapterError, match="outside the registry"):
+            publisher.load("planner", setup[2] / "p0")
+        assert engine.adapters()["planner"][0] == 5
+    finally:
+        engine.close()
