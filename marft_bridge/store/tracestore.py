@@ -75,9 +75,11 @@ class TraceStore:
         self._closed = False
         self._engine, self._reader = _create_engines(url)
         self.is_postgres = self._engine.dialect.name == "postgresql"
-        # A new id inserts; an existing one (rowcount 0) is merged under the row lock instead.
+        # A new id inserts (and returns it); an existing one returns nothing and is merged instead.
         dialect = importlib.import_module(f"sqlalchemy.dialects.{'postgresql' if self.is_postgres else 'sqlite'}")
-        self._insert_new = dialect.insert(t.episodes).on_conflict_do_nothing(index_elements=["id"])
+        self._insert_new = (
+            dialect.insert(t.episodes).on_conflict_do_nothing(index_elements=["id"]).returning(t.episodes.c.id)
+        )
         self._init_schema()
 
     @classmethod
@@ -235,7 +237,7 @@ class TraceStore:
 
     def _write_episode_tx(self, conn: sa.Connection, ep: Episode | None, rows: _Rows | None, data: dict,
                           err: RecordError | None) -> None:
-        if rows is not None and conn.execute(self._insert_new, [rows.episode]).rowcount == 1:
+        if rows is not None and conn.execute(self._insert_new, rows.episode).first() is not None:
             self._insert_children(conn, rows)
             self._log_change(conn, ep.id, "add")
             return
@@ -580,7 +582,8 @@ def _merge(old: Episode, new: dict) -> tuple[Episode, list[Action], list[Reward]
         for k, item in enumerate(raw):
             rec = _validated(model, item, name, f"{key}.{k}")
             if rec.id in by_id:
-                if by_id[rec.id] != rec:
+                # Compare only what was sent: a default like created_at=now differs on every resend.
+                if any(getattr(by_id[rec.id], f) != getattr(rec, f) for f in rec.model_fields_set):
                     raise RecordError(name, f"{key}.{k}.id", f"{key[:-1]} {rec.id!r} is already stored with other content")
                 continue
             fresh.append(rec)
