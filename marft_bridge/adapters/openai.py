@@ -1,6 +1,6 @@
 """Capture from OpenAI-compatible clients (the ``openai`` package, and ``langchain_openai`` on top of it).
 
-The hook sits on the ``openai`` client's HTTP ``post`` for ``/chat/completions``, so it sees the
+The hook sits on the ``openai`` client's ``request`` for ``/chat/completions``, so it sees the
 request body and the full response JSON, including fields that ``langchain_openai.ChatOpenAI``
 drops: vLLM's ``choices[].token_ids`` and ``prompt_token_ids`` (``return_token_ids``), the sampled
 tokens' ``logprobs``, and our server's top-level ``"adapter": {"name", "version"}``. Token ids and
@@ -145,9 +145,11 @@ def _response_dict(result: Any) -> dict | None:
 # -- recording -----------------------------------------------------------------------------------
 
 
-def _deliver(path: str, body: Any, result: Any, started: datetime) -> None:
+def _deliver(path: str, body: Any, extra: Any, result: Any, started: datetime) -> None:
     if path not in _PATHS or not isinstance(body, dict) or body.get("stream"):
         return
+    # ``extra_body`` (vLLM's top_k, return_token_ids, ...) travels apart and is merged into the JSON.
+    body = {**body, **extra} if isinstance(extra, dict) else body
     sink = RAW_SINK.get()
     if sink is not None and not sink.done:
         sink.request, sink.response = dict(body), _response_dict(result)
@@ -187,36 +189,46 @@ def _active() -> bool:
     return False
 
 
+def _request_parts(options: Any) -> tuple[str | None, Any, Any]:
+    return getattr(options, "url", None), getattr(options, "json_data", None), getattr(options, "extra_json", None)
+
+
 def install() -> None:
-    """Patch the openai client's ``post`` (sync and async). Idempotent."""
+    """Patch the openai client's ``request`` (sync and async). Idempotent.
+
+    ``request`` is looked up on the client at call time, so clients built before this call are
+    covered too (``post`` is bound into each resource when the client is built).
+    """
     if _originals:
         return
     try:
         from openai._base_client import AsyncAPIClient, SyncAPIClient
     except ImportError:  # openai is optional
         return
-    sync_post, async_post = SyncAPIClient.post, AsyncAPIClient.post
+    sync_request, async_request = SyncAPIClient.request, AsyncAPIClient.request
 
-    def post(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
-        if path not in _PATHS or not _active():
-            return sync_post(self, path, *args, **kwargs)
+    def request(self: Any, cast_to: Any, options: Any, *args: Any, **kwargs: Any) -> Any:
+        url, body, extra = _request_parts(options)
+        if url not in _PATHS or not _active():
+            return sync_request(self, cast_to, options, *args, **kwargs)
         started = utcnow()
-        result = sync_post(self, path, *args, **kwargs)
+        result = sync_request(self, cast_to, options, *args, **kwargs)
         with guarded("openai.capture"):
-            _deliver(path, kwargs.get("body"), result, started)
+            _deliver(url, body, extra, result, started)
         return result
 
-    async def apost(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
-        if path not in _PATHS or not _active():
-            return await async_post(self, path, *args, **kwargs)
+    async def arequest(self: Any, cast_to: Any, options: Any, *args: Any, **kwargs: Any) -> Any:
+        url, body, extra = _request_parts(options)
+        if url not in _PATHS or not _active():
+            return await async_request(self, cast_to, options, *args, **kwargs)
         started = utcnow()
-        result = await async_post(self, path, *args, **kwargs)
+        result = await async_request(self, cast_to, options, *args, **kwargs)
         with guarded("openai.capture"):
-            _deliver(path, kwargs.get("body"), result, started)
+            _deliver(url, body, extra, result, started)
         return result
 
-    _originals["sync"], _originals["async"] = sync_post, async_post
-    SyncAPIClient.post, AsyncAPIClient.post = post, apost
+    _originals["sync"], _originals["async"] = sync_request, async_request
+    SyncAPIClient.request, AsyncAPIClient.request = request, arequest
 
 
 def uninstall() -> None:
@@ -225,7 +237,7 @@ def uninstall() -> None:
         return
     from openai._base_client import AsyncAPIClient, SyncAPIClient
 
-    SyncAPIClient.post, AsyncAPIClient.post = _originals.pop("sync"), _originals.pop("async")
+    SyncAPIClient.request, AsyncAPIClient.request = _originals.pop("sync"), _originals.pop("async")
 
 
 __all__ = ["RAW_SINK", "RawCall", "completion_fields", "install", "token_data", "uninstall"]

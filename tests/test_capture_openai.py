@@ -1,0 +1,240 @@
+"""OpenAI-compatible capture against a real local HTTP server that answers like vLLM.
+
+The server returns ``choices[].token_ids``, top-level ``prompt_token_ids``, per-token
+``logprobs`` and our serving layer's ``"adapter": {"name", "version"}``; capture must store them
+exactly, also through ``langchain_openai.ChatOpenAI`` (which drops ``token_ids`` itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TypedDict
+
+import pytest
+from langchain_openai import ChatOpenAI
+from langgraph.graph import END, START, StateGraph
+from openai import AsyncOpenAI, OpenAI
+
+import marft_bridge as mb
+from marft_bridge.store import TraceStore
+
+VERSIONS = {"planner": 3, "coder": 7}
+LOGPROBS = [-0.123456789012345, -1.5, -0.000244140625, -2.718281828459045]
+
+
+def reply(req: dict) -> dict:
+    """A deterministic vLLM-shaped chat completion for ``req``."""
+    model = req["model"]
+    last = req["messages"][-1]["content"]
+    text = f"{model} answer to {last}"
+    seed = sum(map(ord, model)) % 97
+    ids = [seed + i for i in range(len(LOGPROBS))]
+    choice: dict = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+    body: dict = {"id": "cmpl-1", "object": "chat.completion", "created": 1, "model": model, "choices": [choice],
+                  "usage": {"prompt_tokens": 3, "completion_tokens": len(ids), "total_tokens": 3 + len(ids)}}
+    if model in VERSIONS:
+        body["adapter"] = {"name": model, "version": VERSIONS[model]}
+    if req.get("logprobs"):
+        tokens = [f"token_id:{i}" for i in ids] if req.get("return_tokens_as_token_ids") else list("abcd")
+        choice["logprobs"] = {"content": [{"token": t, "logprob": lp, "bytes": None, "top_logprobs": []}
+                                          for t, lp in zip(tokens, LOGPROBS)]}
+    if req.get("return_token_ids"):
+        choice["token_ids"] = ids if model != "broken" else ids[:2]
+        body["prompt_token_ids"] = [1, 2, seed]
+    return body
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.requests.append(req)
+        data = json.dumps(reply(req)).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.requests = []
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    yield httpd, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = TraceStore.open(tmp_path / "traces.db")
+    yield s
+    s.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch):
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+
+
+def token_model(url: str, model: str, **kw) -> ChatOpenAI:
+    return ChatOpenAI(model=model, base_url=url, api_key="test", temperature=0.5, max_tokens=16, logprobs=True,
+                      extra_body={"return_token_ids": True, "top_k": 20}, max_retries=0, **kw)
+
+
+class S(TypedDict, total=False):
+    q: str
+    plan: str
+    code: str
+
+
+def two_agents(url: str, asynchronous: bool = False):
+    planner, coder = token_model(url, "planner"), token_model(url, "coder")
+    g = StateGraph(S)
+    if asynchronous:
+        async def plan(s):
+            return {"plan": (await planner.ainvoke(s["q"])).content}
+
+        async def code(s):
+            return {"code": (await coder.ainvoke(s["plan"])).content}
+    else:
+        def plan(s):
+            return {"plan": planner.invoke(s["q"]).content}
+
+        def code(s):
+            return {"code": coder.invoke(s["plan"]).content}
+    g.add_node("planner", plan)
+    g.add_node("coder", code)
+    g.add_edge(START, "planner")
+    g.add_edge("planner", "coder")
+    g.add_edge("coder", END)
+    return g.compile()
+
+
+def check_exact(ep, server_requests):
+    planner, coder = ep.actions
+    assert [a.agent for a in ep.actions] == ["planner", "coder"] and coder.depends_on == [planner.id]
+    for a, model in ((planner, "planner"), (coder, "coder")):
+        expected = reply(next(r for r in server_requests if r["model"] == model))
+        choice = expected["choices"][0]
+        assert a.output.token_ids == choice["token_ids"]
+        assert a.output.logprobs == LOGPROBS  # bit-exact floats
+        assert a.observation.prompt_token_ids == expected["prompt_token_ids"]
+        assert a.output.text == choice["message"]["content"]
+        assert a.token_source == "server"
+        assert (a.policy.name, a.policy.version) == (model, VERSIONS[model])
+        assert a.sampling.model_dump(exclude_none=True) == {"temperature": 0.5, "top_k": 20, "max_tokens": 16}
+    assert planner.observation.messages[0].content == "what?"
+    assert coder.observation.messages[0].content == "planner answer to what?"
+
+
+def test_chatopenai_token_ids_and_logprobs_stored_exactly(server, store):
+    httpd, url = server
+    httpd.requests.clear()
+    app = mb.instrument(two_agents(url), store=store)
+    out = app.invoke({"q": "what?"})
+    assert out["code"] == "coder answer to planner answer to what?"
+    assert all(r["return_token_ids"] is True and r["logprobs"] is True for r in httpd.requests)
+    store.flush()
+    check_exact(store.get_episode(app.last_episode_id), httpd.requests)
+
+
+def test_chatopenai_async_graph(server, store):
+    httpd, url = server
+    httpd.requests.clear()
+    app = mb.instrument(two_agents(url, asynchronous=True), store=store)
+    asyncio.run(app.ainvoke({"q": "what?"}))
+    store.flush()
+    check_exact(store.get_episode(app.last_episode_id), httpd.requests)
+
+
+def test_direct_openai_client_inside_a_node(server, store):
+    _, url = server
+    client = OpenAI(base_url=url, api_key="test", max_retries=0)
+    critic = token_model(url, "planner")
+
+    def plan(s):
+        r = client.chat.completions.create(model="coder", messages=[{"role": "user", "content": s["q"]}],
+                                           logprobs=True, temperature=0.0, extra_body={"return_token_ids": True})
+        return {"plan": r.choices[0].message.content}
+
+    g = StateGraph(S)
+    g.add_node("author", plan)
+    g.add_node("critic", lambda s: {"code": critic.invoke(s["plan"]).content})
+    g.add_edge(START, "author")
+    g.add_edge("author", "critic")
+    app = mb.instrument(g.compile(), store=store)
+    app.invoke({"q": "hi"})
+    store.flush()
+    author, crit = store.get_episode(app.last_episode_id).actions
+    assert (author.agent, author.kind, author.policy.version) == ("author", "llm", VERSIONS["coder"])
+    assert author.output.token_ids == reply({"model": "coder", "messages": [{"content": "hi"}],
+                                             "return_token_ids": True})["choices"][0]["token_ids"]
+    assert author.output.logprobs == LOGPROBS and author.sampling.temperature == 0.0
+    assert crit.depends_on == [author.id]
+
+
+def test_plain_client_inside_episode_uses_message_flow(server, store):
+    _, url = server
+    client = OpenAI(base_url=url, api_key="test", max_retries=0)
+    with mb.episode(store=store, task="relay") as ep:
+        first = client.chat.completions.create(model="planner", messages=[{"role": "user", "content": "start"}])
+        text = first.choices[0].message.content
+        client.chat.completions.create(model="coder", messages=[{"role": "user", "content": f"Plan: {text}"}])
+        client.chat.completions.create(model="coder", messages=[{"role": "user", "content": "unrelated"}])
+    store.flush()
+    a, b, c = store.get_episode(ep.id).actions
+    assert [x.agent for x in (a, b, c)] == ["planner", "coder", "coder"]
+    assert b.depends_on == [a.id] and c.depends_on == []
+    assert a.token_source == "retokenize" and a.output.token_ids is None and a.policy.version == 3
+
+
+def test_token_ids_from_token_id_strings_and_mismatch_dropped(server, store):
+    _, url = server
+    client = OpenAI(base_url=url, api_key="test", max_retries=0)
+    with mb.episode(store=store) as ep:
+        client.chat.completions.create(model="planner", messages=[{"role": "user", "content": "x"}], logprobs=True,
+                                       extra_body={"return_tokens_as_token_ids": True})
+        client.chat.completions.create(model="broken", messages=[{"role": "user", "content": "y"}], logprobs=True,
+                                       extra_body={"return_token_ids": True})
+    store.flush()
+    a, b = store.get_episode(ep.id).actions
+    seed = sum(map(ord, "planner")) % 97
+    assert a.output.token_ids == [seed, seed + 1, seed + 2, seed + 3] and a.output.logprobs == LOGPROBS
+    assert b.output.token_ids is None and b.token_source == "retokenize"
+    assert b.metadata["token_data_dropped"] == "4 log-probs for 2 token ids"
+    assert b.policy.name == "broken" and b.policy.version is None
+
+
+def test_async_client_inside_episode(server, store):
+    _, url = server
+
+    async def main():
+        client = AsyncOpenAI(base_url=url, api_key="test", max_retries=0)
+        with mb.episode(store=store) as ep:
+            await client.chat.completions.create(model="coder", messages=[{"role": "user", "content": "z"}],
+                                                 logprobs=True, extra_body={"return_token_ids": True})
+        return ep
+
+    ep = asyncio.run(main())
+    store.flush()
+    (a,) = store.get_episode(ep.id).actions
+    assert a.output.logprobs == LOGPROBS and a.policy.version == 7 and a.token_source == "server"
+
+
+def test_calls_outside_any_capture_record_nothing(server, store):
+    _, url = server
+    mb.instrument(two_agents(url), store=store)  # installs the client hook
+    OpenAI(base_url=url, api_key="test", max_retries=0).chat.completions.create(
+        model="planner", messages=[{"role": "user", "content": "x"}])
+    two_agents(url).invoke({"q": "x"})
+    store.flush()
+    assert store.count() == 0
