@@ -79,6 +79,15 @@ def action_ids(action: Action, tokenizer) -> tuple[list[int], list[float] | None
     return ids, None, True
 
 
+def _place_untrained(act: Action, kept: list, placed_on: dict[str, int]) -> None:
+    # Credit flows back along D: to the latest trained action this one depends on, else the previous one.
+    deps = [placed_on[d] for d in act.depends_on if d in placed_on]
+    if deps:
+        placed_on[act.id] = max(deps)
+    elif kept:
+        placed_on[act.id] = len(kept) - 1
+
+
 def build_batch(episodes: list[Episode], tokenizer, agents: set[str], vocab_size: int, max_context: int,
                 default_temperature: float) -> Batch:
     samples: list[Sample] = []
@@ -94,8 +103,7 @@ def build_batch(episodes: list[Episode], tokenizer, agents: set[str], vocab_size
         placed_on: dict[str, int] = {}  # action id -> index in kept that receives its reward
         for act in ep.topological_order():
             if act.kind != "llm":
-                if kept:
-                    placed_on[act.id] = len(kept) - 1
+                _place_untrained(act, kept, placed_on)
                 continue
             reason = None
             if act.agent not in agents:
@@ -113,8 +121,7 @@ def build_batch(episodes: list[Episode], tokenizer, agents: set[str], vocab_size
                     reason = "longer_than_context"
             if reason:
                 skipped[reason] += 1
-                if kept:
-                    placed_on[act.id] = len(kept) - 1
+                _place_untrained(act, kept, placed_on)
                 continue
             if retok:
                 flagged["retokenized"] += 1

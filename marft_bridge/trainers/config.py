@@ -52,7 +52,7 @@ class MarftConfig(BaseModel):
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"])
     shared_adapter: bool = False  # parameter sharing: one adapter for every agent
-    critic_backbone: Literal["lora", "frozen"] = "lora"
+    critic_backbone: Literal["frozen", "lora"] = "frozen"  # reference: frozen LM + MLP head
     frozen_agents: list[str] = Field(default_factory=list)  # have adapters, never updated
     default_temperature: float = Field(1.0, gt=0)  # when an action recorded no temperature
     max_context: int | None = Field(None, ge=2)  # None: the base model's max_position_embeddings

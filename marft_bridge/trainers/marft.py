@@ -46,7 +46,7 @@ from . import losses as L
 from .advantages import action_level_steps, gae, token_level_steps
 from .batch import Batch, Sample, build_batch
 from .config import MarftConfig
-from .critic import ValueHead, critic_params, values
+from .critic import ValueHead, critic_params, features, values
 from .policy import MultiAgentPolicy, pack, pick_device
 from .rollout import RolloutPolicy, evaluate
 
@@ -125,6 +125,22 @@ class MarftTrainer:
                 bar(history[-1])
         return history
 
+    def fit(self, episodes, iterations: int, progress: bool = False) -> list[dict]:
+        """Offline MARFT on stored traces: update ``iterations`` times on successive slices of
+        ``batch_episodes`` episodes (cycling; the slice comes from the update counter, so resume is exact)."""
+        episodes = list(episodes)
+        if not episodes:
+            raise MarftError("no episodes to train on")
+        n = min(self.config.batch_episodes, len(episodes))
+        history = []
+        with _progress(iterations, progress) as bar:
+            for _ in range(iterations):
+                start = (self.update_count * n) % len(episodes)
+                chunk = (episodes + episodes)[start:start + n]
+                history.append(self.train_on(chunk))
+                bar(history[-1])
+        return history
+
     def evaluate(self, env_fn, n: int, seed: int, untrained: bool = False) -> float:
         return evaluate(self, env_fn, n, seed, untrained=untrained)
 
@@ -151,14 +167,17 @@ class MarftTrainer:
         packed = pack([s.obs_ids for s in samples], [s.act_ids for s in samples], self.policy.pad_id, self.device)
         temp = torch.tensor([s.temperature for s in samples for _ in s.act_ids], device=self.device)
         with torch.set_grad_enabled(grad):
-            logp, ent = self.policy.token_logprobs(adapter, packed, temp, with_entropy=entropy)
-        return logp, ent, packed
+            logp, ent, h = self.policy.token_logprobs(adapter, packed, temp, with_entropy=entropy)
+        return logp, ent, packed, h
 
     @torch.no_grad()
     def _rollout_stats(self, samples: list[Sample]):
-        """Per-sample proximal and reference token log-probs and old values (chunked, no grad)."""
+        """Per-sample proximal and reference token log-probs, old values and, with a frozen critic
+        backbone, the critic's input features (taken from the reference pass: same base hidden states)."""
         c, token_level = self.config, self.config.mode == "marft_t"
-        prox, ref, vals = [None] * len(samples), [None] * len(samples), [None] * len(samples)
+        frozen = c.critic_backbone == "frozen"
+        n = len(samples)
+        prox, ref, vals, feats = [None] * n, [None] * n, [None] * n, [None] * n
         by_adapter: dict[str, list[int]] = {}
         for i, s in enumerate(samples):
             by_adapter.setdefault(self.policy.adapter_of[s.agent], []).append(i)
@@ -167,13 +186,18 @@ class MarftTrainer:
                 chunk = idx[k:k + c.forward_batch_size]
                 ss = [samples[i] for i in chunk]
                 lens = [len(s.act_ids) for s in ss]
-                logp, _, packed = self._forward(adapter, ss, grad=False)
-                logr, _, _ = self._forward(None, ss, grad=False)
-                v = values(self.policy, self.head, packed, token_level)
+                logp, _, packed, _ = self._forward(adapter, ss, grad=False)
+                logr, _, _, h_ref = self._forward(None, ss, grad=False)
+                if frozen:
+                    f = features(h_ref, packed, token_level)
+                    v = self.head(f)
+                    f = f.split(lens) if token_level else f.unbind(0)
+                else:
+                    v, f = values(self.policy, self.head, packed, token_level), [None] * len(chunk)
                 v = v.split(lens) if token_level else v.unbind(0)
-                for i, a, b, vv in zip(chunk, logp.split(lens), logr.split(lens), v):
-                    prox[i], ref[i], vals[i] = a, b, vv
-        return prox, ref, vals
+                for i, a, b, vv, ff in zip(chunk, logp.split(lens), logr.split(lens), v, f):
+                    prox[i], ref[i], vals[i], feats[i] = a, b, vv, ff
+        return prox, ref, vals, feats
 
     def _reduce(self, tok: torch.Tensor, lens: list[int]) -> torch.Tensor:
         # MARFT-A action log-prob: sum (or mean) of its token log-probs.
@@ -209,7 +233,7 @@ class MarftTrainer:
         token_level = c.mode == "marft_t"
         S = batch.samples
         lens = [len(s.act_ids) for s in S]
-        prox, ref, old_v = self._rollout_stats(S)
+        prox, ref, old_v, feats = self._rollout_stats(S)
         beh = [torch.tensor(s.beh_logp, dtype=torch.float32, device=self.device) if s.beh_logp is not None
                and len(s.beh_logp) == len(s.act_ids) else p for s, p in zip(S, prox)]
 
@@ -270,10 +294,13 @@ class MarftTrainer:
             for mb in self._minibatches(list(range(len(S)))):
                 loss = None
                 if mb:
-                    ss = [S[i] for i in mb]
-                    packed = pack([s.obs_ids for s in ss], [s.act_ids for s in ss], self.policy.pad_id, self.device)
-                    v = values(self.policy, self.head, packed, token_level)
                     cat = torch.cat if token_level else torch.stack
+                    if feats[mb[0]] is not None:
+                        v = self.head(cat([feats[i] for i in mb]))
+                    else:
+                        ss = [S[i] for i in mb]
+                        packed = pack([s.obs_ids for s in ss], [s.act_ids for s in ss], self.policy.pad_id, self.device)
+                        v = values(self.policy, self.head, packed, token_level)
                     loss = c.value_coef * L.clipped_value_loss(v, cat([old_v[i] for i in mb]), cat([ret_s[i] for i in mb]),
                                                                c.value_clip, c.huber_delta)
                     acc["value_loss"].append(float(loss.detach()))
@@ -286,7 +313,7 @@ class MarftTrainer:
     def _policy_loss(self, adapter, ss, mb, prox, ref, beh, adv_s, factor, token_level):
         c = self.config
         self.policy.model.train()
-        new_tok, ent, _ = self._forward(adapter, ss, grad=True, entropy=True)
+        new_tok, ent, _, _ = self._forward(adapter, ss, grad=True, entropy=True)
         self.policy.model.eval()
         ln = [len(s.act_ids) for s in ss]
         prox_tok = torch.cat([prox[i] for i in mb])

@@ -149,15 +149,15 @@ class MultiAgentPolicy:
 
     def token_logprobs(self, adapter: str | None, packed: Packed, temperature: torch.Tensor,
                        with_entropy: bool = False):
-        """Per action token: log pi(y_t | o, y_<t) under logits / T (and the entropy of that distribution)."""
+        """Per action token: log pi(y_t | o, y_<t) under logits / T, the entropy of that distribution
+        (or None) and the hidden states (B, T, H)."""
         with self.activate(adapter):
             h = self.hidden(packed)
         logits = self.lm_head(h[packed.rows, packed.cols]).float() / temperature[:, None]
         logp_all = torch.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, packed.targets[:, None]).squeeze(-1)
-        if not with_entropy:
-            return logp, None
-        return logp, -(logp_all.exp() * logp_all).sum(-1)
+        ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+        return logp, ent, h
 
     @torch.no_grad()
     def sample(self, agent: str, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,

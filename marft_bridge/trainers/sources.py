@@ -1,0 +1,50 @@
+"""Where training episodes come from: a TraceStore URL or a JSONL file of ``Episode.model_dump_json()``."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..errors import MarftError, RecordError
+from ..schema import Episode, parse_episode
+
+log = logging.getLogger("marft_bridge.trainers")
+
+
+def read_jsonl(path) -> tuple[list[Episode], int]:
+    """Valid episodes of a JSONL file, and how many bad lines were skipped (each logged with its reason)."""
+    episodes, bad = [], 0
+    try:
+        f = open(Path(path), encoding="utf-8")
+    except OSError as e:
+        raise MarftError(f"cannot read episodes {path}: {e}") from None
+    with f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                episodes.append(parse_episode(line, record=f"{path} line {n}"))
+            except RecordError as e:
+                bad += 1
+                log.warning("skipped: %s", e)
+    return episodes, bad
+
+
+def load_episodes(store: str | None = None, episodes_file: str | None = None) -> list[Episode]:
+    """Rewarded episodes from a store URL and/or a JSONL file."""
+    if not store and not episodes_file:
+        raise MarftError("give --store URL or --episodes FILE.jsonl")
+    out: list[Episode] = []
+    if store:
+        from ..store import TraceStore
+
+        with TraceStore.open(store) as ts:
+            out += list(ts.episodes(has_reward=True))
+    if episodes_file:
+        out += read_jsonl(episodes_file)[0]
+    return out
+
+
+def agents_of(episodes: list[Episode]) -> list[str]:
+    """Agents with at least one llm action, in order of first appearance."""
+    return list(dict.fromkeys(a.agent for ep in episodes for a in ep.actions if a.kind == "llm"))
