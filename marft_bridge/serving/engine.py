@@ -268,8 +268,8 @@ class AdapterEngine:
                 batch, ops = [], []
                 (ops if isinstance(item, tuple) else batch).append(item)
                 deadline = time.monotonic() + self.batch_wait_s
-                # Collect concurrent requests; a pending swap ends the collection so it is not delayed.
-                while batch and not ops and len(batch) < self.max_batch_size:
+                # Collect concurrent requests for a few ms (swap requests arriving meanwhile wait for it).
+                while batch and len(batch) < self.max_batch_size:
                     try:
                         nxt = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
                     except queue.Empty:

@@ -1,0 +1,153 @@
+"""Hot-swap benchmark for the embedded server, measured side by side in one run (the machine is noisy):
+
+1. swap latency: registry publish + promote -> first response served by the new version;
+2. throughput while swapping every --swap-every seconds vs steady state (target >= 0.9);
+3. cross-adapter batching vs one request at a time (--max-batch-size 1) at --concurrency 8
+   (target >= 2x). Requests alternate between two adapters and the base model.
+
+    .venv/bin/python benchmarks/hotswap.py [--concurrency 8 --duration 3 --rounds 3 --max-tokens 16]
+
+Builds a tiny model and random adapters in a temporary directory; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from marft_bridge.serving import AdapterRegistry, EmbeddedServerPublisher, ServerProcess
+from marft_bridge.serving.fixtures import make_random_adapter
+from marft_bridge.tinymodel import build_tiny_model
+
+KEY = "bench"
+MODELS = ["planner", "coder", "base"]
+
+
+def load(url: str, concurrency: int, duration: float, max_tokens: int, stop: threading.Event | None = None):
+    """Closed-loop clients for ``duration`` seconds; returns (requests/s, tokens/s, errors, versions seen)."""
+    done, tokens, errors, versions = [0], [0], [0], set()
+    lock = threading.Lock()
+    end = time.monotonic() + duration
+
+    def worker(i: int):
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as c:
+            n = i
+            while time.monotonic() < end:
+                model = MODELS[n % len(MODELS)]
+                n += 1
+                r = c.post("/v1/chat/completions", json={
+                    "model": model, "messages": [{"role": "user", "content": f"task {n}"}],
+                    "max_tokens": max_tokens, "temperature": 1.0, "seed": n})
+                with lock:
+                    if r.status_code != 200:
+                        errors[0] += 1
+                        continue
+                    body = r.json()
+                    done[0] += 1
+                    tokens[0] += body["usage"]["completion_tokens"]
+                    if model == "planner":
+                        versions.add(body["adapter"]["version"])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - t0
+    return done[0] / elapsed, tokens[0] / elapsed, errors[0], versions
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--duration", type=float, default=3.0, help="seconds per throughput phase")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved phase pairs (medians are reported)")
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--swap-every", type=float, default=0.5, help="seconds between swaps in the swap phase")
+    ap.add_argument("--latency-swaps", type=int, default=10)
+    ap.add_argument("--hidden-size", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per server")
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="marft-bench-"))
+    base = build_tiny_model(tmp / "base", hidden_size=args.hidden_size, intermediate_size=2 * args.hidden_size)
+    reg = AdapterRegistry(tmp / "registry")
+    sources = [make_random_adapter(base, tmp / f"src{i}", seed=i, rank=8) for i in range(4)]
+    reg.publish("planner", sources[0], promote=True)
+    reg.publish("coder", sources[1], promote=True)
+    common = ["--threads", str(args.threads), "--max-tokens-limit", "512"]
+    batched = ServerProcess(base, reg.root, api_key=KEY, extra_args=common).start()
+    single = ServerProcess(base, reg.root, api_key=KEY, extra_args=common + ["--max-batch-size", "1"]).start()
+    try:
+        publisher = EmbeddedServerPublisher(batched.url, KEY)
+
+        # 1. swap latency: publish -> first response from the new version (requests issued back to back).
+        latencies, load_times = [], []
+        with httpx.Client(base_url=batched.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as c:
+            for i in range(args.latency_swaps):
+                t0 = time.monotonic()
+                version = reg.publish("planner", sources[2 + i % 2])
+                t1 = time.monotonic()
+                reg.promote("planner", version, publisher=publisher)
+                load_times.append(time.monotonic() - t1)
+                while True:
+                    r = c.post("/v1/chat/completions", json={"model": "planner", "max_tokens": 1,
+                                                             "messages": [{"role": "user", "content": "hi"}]}).json()
+                    if r["adapter"]["version"] == version:
+                        break
+                latencies.append(time.monotonic() - t0)
+
+        # 2. throughput with swaps vs steady, phases interleaved steady/swap/steady/swap.
+        # Versions are published beforehand (a trainer does that elsewhere); the phase measures swaps.
+        ready = [reg.publish("planner", sources[2 + i % 2]) for i in range(int(args.rounds * args.duration / args.swap_every) + 4)]
+
+        def swapper(stop: threading.Event, count: list):
+            while not stop.wait(args.swap_every) and ready:
+                reg.promote("planner", ready.pop(0), publisher=publisher)
+                count[0] += 1
+
+        steady, swapping, swap_errors, n_swaps, swap_versions = [], [], 0, [0], set()
+        for _ in range(args.rounds):
+            steady.append(load(batched.base_url[:-3], args.concurrency, args.duration, args.max_tokens)[0])
+            stop = threading.Event()
+            t = threading.Thread(target=swapper, args=(stop, n_swaps))
+            t.start()
+            rps, _, errs, versions = load(batched.base_url[:-3], args.concurrency, args.duration, args.max_tokens)
+            stop.set()
+            t.join()
+            swapping.append(rps)
+            swap_errors += errs
+            swap_versions |= versions
+
+        # 3. batched vs one at a time, same load, alternating servers.
+        b_rates, s_rates = [], []
+        for _ in range(args.rounds):
+            b_rates.append(load(batched.url, args.concurrency, args.duration, args.max_tokens)[1])
+            s_rates.append(load(single.url, args.concurrency, args.duration, args.max_tokens)[1])
+    finally:
+        batched.stop()
+        single.stop()
+
+    print("phases (req/s): steady", [round(x) for x in steady], "swapping", [round(x) for x in swapping])
+    print(f"model: tiny Llama hidden={args.hidden_size}, adapters rank 8, concurrency {args.concurrency}, "
+          f"max_tokens {args.max_tokens}, torch threads {args.threads}")
+    print(f"swap latency (publish -> first new-version response): median {statistics.median(latencies) * 1000:.0f} ms, "
+          f"max {max(latencies) * 1000:.0f} ms; load_lora_adapter call median {statistics.median(load_times) * 1000:.0f} ms "
+          f"({len(latencies)} swaps)")
+    print(f"throughput steady {statistics.median(steady):.1f} req/s, during swaps {statistics.median(swapping):.1f} req/s "
+          f"({n_swaps[0]} swaps, {swap_errors} errors, {len(swap_versions)} planner versions served): "
+          f"ratio {statistics.median(swapping) / statistics.median(steady):.2f} (target >= 0.9)")
+    print(f"generation at concurrency {args.concurrency}: batched {statistics.median(b_rates):.0f} tok/s, one at a time "
+          f"{statistics.median(s_rates):.0f} tok/s: speed-up {statistics.median(b_rates) / statistics.median(s_rates):.2f}x "
+          f"(target >= 2x)")
+
+
+if __name__ == "__main__":
+    main()
