@@ -244,6 +244,8 @@ class AdapterEngine:
         done: Future = Future()
 
         def sink(kind, payload):
+            if done.done():  # a batch that fails after this row finished reports an error too
+                return
             if kind == "done":
                 done.set_result(payload)
             elif kind == "error":
