@@ -34,6 +34,8 @@ DEFAULT_PATH = Path(".marft") / "traces.db"
 # A dead letter keeps the raw record for inspection, but not an unbounded one.
 MAX_DEAD_LETTER_CHARS = 1_000_000
 _READ_CHUNK = 200
+# Built once: constructing a statement per write costs more than executing it from the cache.
+_INSERT = {table: table.insert() for table in (t.episode_agents, t.actions, t.rewards, t.changes)}
 
 
 def normalize_url(url: str | os.PathLike | None) -> str:
@@ -212,7 +214,7 @@ class TraceStore:
             ).first()
             if known is None:
                 raise RecordError(name, "reward.action_id", f"unknown action id {reward.action_id!r}")
-        conn.execute(t.rewards.insert(), [_reward_row(episode_id, row.n_rewards, reward)])
+        conn.execute(_INSERT[t.rewards], [_reward_row(episode_id, row.n_rewards, reward)])
         conn.execute(
             t.episodes.update().where(t.episodes.c.id == episode_id).values(n_rewards=row.n_rewards + 1)
         )
@@ -256,14 +258,14 @@ class TraceStore:
     def _insert_children(self, conn: sa.Connection, rows: _Rows) -> None:
         for table, batch in ((t.episode_agents, rows.agents), (t.actions, rows.actions), (t.rewards, rows.rewards)):
             if batch:
-                conn.execute(table.insert(), batch)
+                conn.execute(_INSERT[table], batch)
 
     def _log_change(self, conn: sa.Connection, episode_id: str, kind: str) -> None:
         if self.is_postgres:
             # Sequence numbers are handed out at insert but become visible at commit; holding this
             # lock to commit makes the visible order the seq order, so a poller never skips one.
             conn.execute(sa.text(f"lock table {t.changes.name} in exclusive mode"))
-        conn.execute(t.changes.insert().values(episode_id=episode_id, kind=kind, created_at=time.time()))
+        conn.execute(_INSERT[t.changes], {"episode_id": episode_id, "kind": kind, "created_at": time.time()})
 
     def _dead_letter(self, err: RecordError, raw: Any) -> None:
         text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace") if isinstance(raw, bytes) else _safe_dumps(raw)
