@@ -16,6 +16,7 @@ import queue
 import random
 import threading
 import time
+import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,6 +143,8 @@ class AdapterEngine:
         from .registry import MANIFEST_FILE, AdapterManifest, check_agent_name
 
         check_agent_name(name)
+        if name == self.base_name:
+            raise AdapterError(f"adapter name {name!r} is the base model's name; requests could not tell them apart")
         adapter_fp = None
         if self.registry is not None:
             _, version = self.registry.resolve(path)
@@ -179,11 +182,13 @@ class AdapterEngine:
             raise AdapterError(f"adapter {name!r} is already loaded; pass load_inplace=true to replace it")
         internal = f"{name}@v{version if version is not None else 'x'}#{next(self._counter)}"
         try:
-            if self._peft is None:
-                self._peft = PeftModel.from_pretrained(self._base, path, adapter_name=internal, is_trainable=False)
-                self._peft.eval()
-            else:
-                self._peft.load_adapter(path, adapter_name=internal, is_trainable=False)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # transformers deprecation noise from inside peft
+                if self._peft is None:
+                    self._peft = PeftModel.from_pretrained(self._base, path, adapter_name=internal, is_trainable=False)
+                    self._peft.eval()
+                else:
+                    self._peft.load_adapter(path, adapter_name=internal, is_trainable=False)
         except Exception as e:  # peft's own errors: report them as a refusal, keep serving the old one
             self._delete_internal(internal)
             raise AdapterError(f"{path}: peft could not load the adapter ({type(e).__name__}: {e})") from None
