@@ -294,14 +294,38 @@ def test_urls_and_default_path(tmp_path, monkeypatch):
         assert mode == "wal"
     with pytest.raises(MarftError, match="cannot open trace store"):
         TraceStore.open("postgresql://nobody@127.0.0.1:1/none")
+    (tmp_path / "notadb").write_text("hello\n" * 1000)
+    with pytest.raises(MarftError, match="cannot open trace store .*notadb: file is not a database"):
+        TraceStore.open(tmp_path / "notadb")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(MarftError, match="cannot create the trace store directory"):
+        TraceStore.open(tmp_path / "file" / "t.db")
 
 
-def test_closed_store_refuses_work(store_url):
+def test_closed_store_refuses_work_but_submit_never_raises(store_url):
     s = TraceStore.open(store_url)
     s.close()
     s.close()
     with pytest.raises(MarftError, match="is closed"):
         s.add_episode(make_episode(0))
+    s.submit(make_episode(0))  # capture hooks call this; it must not raise into the app
+    assert s.dropped == 1
+
+
+def test_oversized_record_is_refused_and_its_dead_letter_is_capped(store):
+    from marft_bridge.schema import MAX_TEXT_CHARS
+    from marft_bridge.store.tracestore import MAX_DEAD_LETTER_CHARS
+
+    raw = make_episode(0).model_dump(mode="json")
+    raw["actions"][1]["output"]["text"] = "y" * (MAX_TEXT_CHARS + 5)
+    with pytest.raises(RecordError) as e:
+        store.add_episode(raw)
+    assert (e.value.record, e.value.field) == ("episode ep0", "actions.1.output.text")
+    (letter,) = store.dead_letters()
+    assert letter.field == "actions.1.output.text"
+    assert letter.raw.startswith('{"schema_version": 1, "id": "ep0"')
+    assert len(letter.raw) < MAX_DEAD_LETTER_CHARS + 100 and letter.raw.endswith("chars in all]")
+    assert store.count() == 0
 
 
 # -- background writer --------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import importlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
@@ -74,6 +75,8 @@ class TraceStore:
         self._queue_size = queue_size
         self._on_full = on_full
         self._writer = None  # background writer for submit(), started on first use
+        self._writer_lock = threading.Lock()
+        self._dropped_closed = 0
         self._closed = False
         self._engine, self._reader = _create_engines(url)
         self.is_postgres = self._engine.dialect.name == "postgresql"
@@ -288,13 +291,17 @@ class TraceStore:
 
         The episode is snapshotted now, so later changes to the object are not written. Errors in
         the writer are logged and dead-lettered, never raised here. With ``on_full="drop"`` a full
-        queue drops the episode and counts it (``stats()["dropped"]``).
+        queue drops the episode and counts it (``stats()["dropped"]``), as does a closed store.
         """
-        self._check_open()
-        if self._writer is None:
-            from .writer import BackgroundWriter
+        if self._closed:
+            self._dropped_closed += 1
+            log.error("trace store %s is closed; episode dropped", self.display_url)
+            return
+        with self._writer_lock:
+            if self._writer is None:
+                from .writer import BackgroundWriter
 
-            self._writer = BackgroundWriter(self, self._queue_size, self._on_full)
+                self._writer = BackgroundWriter(self, self._queue_size, self._on_full)
         self._writer.submit(episode)
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -303,7 +310,7 @@ class TraceStore:
 
     @property
     def dropped(self) -> int:
-        return 0 if self._writer is None else self._writer.dropped
+        return self._dropped_closed + (0 if self._writer is None else self._writer.dropped)
 
     def close(self) -> None:
         """Flush submitted episodes, stop the writer, release connections. Idempotent."""
@@ -517,7 +524,10 @@ def _create_engines(url: str) -> tuple[sa.Engine, sa.Engine]:
         return engine, engine
     memory = u.database in (None, "", ":memory:")
     if not memory:
-        Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise MarftError(f"cannot create the trace store directory for {u.database}: {e}") from None
 
     def make(begin: str) -> sa.Engine:
         kw: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}}
