@@ -68,7 +68,7 @@ class _Task:
     """One LangGraph task (a node execution) of a captured run."""
 
     __slots__ = ("id", "run", "agent", "node", "step", "lg_steps", "ns", "deps", "actions", "children", "internal",
-                 "calls")
+                 "calls", "started")
 
     def __init__(self, id: str, run: _Run, agent: str, node: str, step: int, lg_steps: list[int], ns: str,
                  deps: frozenset[str], internal: bool):
@@ -84,6 +84,7 @@ class _Task:
         self.children: list[_LoopState] = []
         self.internal = internal
         self.calls = 0  # model calls seen, recorded or not
+        self.started = utcnow()
 
 
 class _LoopState:
@@ -419,7 +420,7 @@ def _task_output(st: _LoopState, task: Any, t: _Task) -> frozenset[str]:
         err = next((str(v) for c, v in task.writes if c == _ERROR), None)
         writes = {c: v for c, v in task.writes if not c.startswith(("__", "branch:"))}
         text = json.dumps(writes, default=str)[:_ENV_OUTPUT_CHARS] if writes else ""
-        t.run.record(t, "env", {"output": {"text": text}, "error": err}, t.deps, None)
+        t.run.record(t, "env", {"output": {"text": text}, "error": err}, t.deps, t.started)
     return frozenset(t.actions)
 
 

@@ -1,0 +1,545 @@
+"""OpenTelemetry in both directions: spans from any instrumented app -> Episodes, and our actions -> spans.
+
+Spans -> Episodes
+    ``EpisodeSpanProcessor(store)`` (add to a ``TracerProvider``) or ``EpisodeSpanExporter(store)``
+    (behind a ``BatchSpanProcessor``, or fed by an OTLP receiver) collect the spans of each trace
+    and, when the trace's local root span ends, turn it into one Episode (``source="otel"``, id =
+    trace id) and ``store.submit`` it. ``spans_to_episode(spans)`` is the conversion itself.
+    Understood producers:
+    - GenAI semantic conventions (``gen_ai.operation.name`` = ``chat``/``text_completion``/
+      ``generate_content`` -> llm action, ``execute_tool`` -> tool action; agent from the nearest
+      ``invoke_agent`` ancestor's ``gen_ai.agent.name``, else the request model);
+    - OpenInference (``openinference.span.kind`` LLM/TOOL; agent from the ``agent_name`` metadata
+      or the LangGraph node path in ``langgraph_checkpoint_ns``; step from ``langgraph_step``);
+    - our own emitted spans (``marft.*``: exact ids, steps, dependencies, token ids, versions).
+    Dependencies without ``marft.depends_on``: parentage (earlier actions of the same agent span
+    and of enclosing agent spans) plus message flow (earlier actions whose output text occurs in
+    this action's input messages or its agent span's input). Spans of traces that never finish
+    are kept up to ``max_traces``; older ones are dropped and counted.
+
+Actions -> spans
+    ``SpanEmitter(tracer_provider=None, capture_content=True).install()`` emits every finished
+    episode as GenAI-convention spans (``invoke_workflow marft`` root, one ``chat {model}`` /
+    ``execute_tool {agent}`` / ``invoke_agent {agent}`` span per action, with the action's real
+    start/end times and span links to its dependencies), so existing tracing backends see them.
+    Token ids, log-probs, steps, dependencies and adapter versions go under ``marft.*``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from ..recording import add_episode_listener, guarded, remove_episode_listener
+from ..schema import Episode
+
+LLM_OPS = {"chat", "text_completion", "generate_content"}
+_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "max_tokens": "max_tokens",
+             "seed": "seed"}
+
+
+# -- reading spans -------------------------------------------------------------------------------
+
+
+def _attrs(span: Any) -> dict[str, Any]:
+    return dict(span.attributes or {})
+
+
+def _loads(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return None
+    return value
+
+
+def _dt(ns: int | None) -> datetime | None:
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc) if ns else None
+
+
+def _genai_messages(value: Any) -> list[dict]:
+    out = []
+    for m in _loads(value) or []:
+        if not isinstance(m, dict):
+            continue
+        parts = m.get("parts") or []
+        text = "".join(str(p.get("content", "")) for p in parts if isinstance(p, dict) and p.get("type") == "text")
+        calls = [
+            {"id": p.get("id"), "type": "function",
+             "function": {"name": p.get("name"), "arguments": json.dumps(p.get("arguments"), default=str)}}
+            for p in parts if isinstance(p, dict) and p.get("type") == "tool_call"
+        ]
+        msg: dict[str, Any] = {"role": str(m.get("role") or "user"), "content": text}
+        if m.get("name"):
+            msg["name"] = str(m["name"])
+        if calls:
+            msg["tool_calls"] = calls
+        out.append(msg)
+    return out
+
+
+def _oi_messages(attrs: dict[str, Any], prefix: str) -> list[dict]:
+    by_index: dict[int, dict[str, Any]] = {}
+    for k, v in attrs.items():
+        if not k.startswith(prefix):
+            continue
+        idx, _, rest = k[len(prefix):].partition(".")
+        if not idx.isdigit():
+            continue
+        m = by_index.setdefault(int(idx), {"role": "user", "content": "", "calls": {}})
+        if rest == "message.role":
+            m["role"] = str(v)
+        elif rest == "message.content":
+            m["content"] = str(v)
+        elif rest.startswith("message.contents.") and rest.endswith(".message_content.text"):
+            m["content"] += str(v)
+        elif rest.startswith("message.tool_calls."):
+            n, _, field = rest[len("message.tool_calls."):].partition(".")
+            call = m["calls"].setdefault(int(n) if n.isdigit() else 0, {"type": "function", "function": {}})
+            if field == "tool_call.function.name":
+                call["function"]["name"] = str(v)
+            elif field == "tool_call.function.arguments":
+                call["function"]["arguments"] = str(v)
+            elif field == "tool_call.id":
+                call["id"] = str(v)
+    out = []
+    for _, m in sorted(by_index.items()):
+        msg = {"role": m["role"], "content": m["content"]}
+        if m["calls"]:
+            msg["tool_calls"] = [c for _, c in sorted(m["calls"].items())]
+        out.append(msg)
+    return out
+
+
+class _Span:
+    """One span, classified."""
+
+    def __init__(self, span: Any):
+        self.raw = span
+        self.id = span.context.span_id
+        self.parent_id = span.parent.span_id if span.parent is not None else None
+        self.start = span.start_time or 0
+        self.end = span.end_time or self.start
+        self.attrs = _attrs(span)
+        self.meta = _loads(self.attrs.get("metadata")) or {}
+        if not isinstance(self.meta, dict):
+            self.meta = {}
+        a = self.attrs
+        op = a.get("gen_ai.operation.name")
+        kind = a.get("openinference.span.kind")
+        self.kind: str | None = None  # llm | tool | env | agent | workflow
+        self.own = "marft.action.id" in a  # emitted by SpanEmitter: exact fields under marft.*
+        if self.own:
+            self.kind = {"llm": "llm", "tool": "tool"}.get(a.get("marft.kind"), "env")
+        elif op in LLM_OPS or kind == "LLM":
+            self.kind = "llm"
+        elif op == "execute_tool" or kind == "TOOL":
+            self.kind = "tool"
+        elif op == "invoke_agent" or kind == "AGENT" or (
+                kind == "CHAIN" and self.meta.get("langgraph_node") and not str(self.meta["langgraph_node"]).startswith("__")):
+            self.kind = "agent"
+        elif op in ("invoke_workflow", "create_agent") or (kind == "CHAIN" and self.parent_id is None):
+            self.kind = "workflow"
+
+    def agent_name(self) -> str | None:
+        a = self.attrs
+        if a.get("gen_ai.agent.name"):
+            return str(a["gen_ai.agent.name"])
+        return _node_path(self.meta)
+
+    def input_text(self) -> str:
+        a = self.attrs
+        parts = [str(a.get("input.value") or "")]
+        parts += [m.get("content") or "" for m in _genai_messages(a.get("gen_ai.input.messages"))]
+        return "\n".join(p for p in parts if p)
+
+    def error(self) -> str | None:
+        status = getattr(self.raw, "status", None)
+        if status is not None and getattr(status.status_code, "name", "") == "ERROR":
+            return status.description or "error"
+        return None
+
+
+def _node_path(meta: dict[str, Any]) -> str | None:
+    ns = meta.get("langgraph_checkpoint_ns")
+    node = meta.get("langgraph_node")
+    if not node and not ns:
+        return None
+    parts = [seg.partition(":")[0] for seg in str(ns).split("|")] if ns else [str(node)]
+    if meta.get("agent_name"):
+        parts[-1] = str(meta["agent_name"])
+    return "/".join(parts)
+
+
+def _fields(s: _Span) -> dict[str, Any]:
+    """Observation, output, sampling and policy of one llm/tool span."""
+    a = s.attrs
+    if s.kind == "env" and not s.own:
+        return {"observation": {"messages": [{"role": "user", "content": s.input_text()}]},
+                "output": {"text": str(a.get("output.value") or "")}, "token_source": None, "metadata": {}}
+    if s.kind == "tool":
+        name = a.get("gen_ai.tool.name") or a.get("tool.name") or "tool"
+        args = a.get("gen_ai.tool.call.arguments") or a.get("input.value") or ""
+        result = a.get("gen_ai.tool.call.result") or a.get("output.value") or ""
+        return {"observation": {"messages": [{"role": "tool", "name": str(name), "content": str(args)}]},
+                "output": {"text": str(result)}, "metadata": {"tool": str(name)}}
+    messages = _genai_messages(a.get("gen_ai.input.messages")) or _oi_messages(a, "llm.input_messages.")
+    if a.get("gen_ai.system_instructions") and not any(m["role"] == "system" for m in messages):
+        sys_text = "".join(p.get("content", "") for p in _loads(a["gen_ai.system_instructions"]) or []
+                           if isinstance(p, dict))
+        messages.insert(0, {"role": "system", "content": sys_text})
+    outs = _genai_messages(a.get("gen_ai.output.messages")) or _oi_messages(a, "llm.output_messages.")
+    out_msg = next((m for m in outs if m["role"] == "assistant"), outs[0] if outs else {"content": ""})
+    finish = a.get("gen_ai.response.finish_reasons") or a.get("llm.finish_reason")
+    if isinstance(finish, (list, tuple)):
+        finish = finish[0] if finish else None
+    params = _loads(a.get("llm.invocation_parameters")) or {}
+    extra = params.get("extra_body") or {} if isinstance(params, dict) else {}
+    sampling = {}
+    for key, field in _SAMPLING.items():
+        v = a.get(f"gen_ai.request.{key}")
+        if v is None and isinstance(params, dict):
+            v = params.get(key, extra.get(key))
+            if key == "max_tokens" and v is None:
+                v = params.get("max_completion_tokens")
+        if v is not None:
+            sampling[field] = v
+    model = (a.get("marft.policy.name") or a.get("gen_ai.request.model") or a.get("llm.model_name")
+             or a.get("gen_ai.response.model") or "unknown")
+    token_ids = a.get("marft.output.token_ids")
+    logprobs = a.get("marft.output.logprobs")
+    prompt_ids = a.get("marft.observation.prompt_token_ids")
+    return {
+        "observation": {"messages": messages, "prompt_token_ids": list(prompt_ids) if prompt_ids else None},
+        "output": {"text": str(out_msg.get("content") or ""), "tool_calls": out_msg.get("tool_calls"),
+                   "finish_reason": str(finish) if finish else None,
+                   "token_ids": list(token_ids) if token_ids is not None else None,
+                   "logprobs": list(logprobs) if logprobs is not None else None},
+        "sampling": sampling or None,
+        "policy": None if s.own and "marft.policy.name" not in a else {"name": str(model),
+                                                                        "version": a.get("marft.policy.version")},
+        "token_source": a.get("marft.token_source") if s.own else ("server" if token_ids is not None else "retokenize"),
+        "metadata": {},
+    }
+
+
+def spans_to_episode(spans: Iterable[Any], source: str = "otel", episode_id: str | None = None) -> Episode:
+    """Turn the spans of one trace (``ReadableSpan``s, any order) into an Episode."""
+    from ..recording import EpisodeRecorder
+
+    nodes = [_Span(s) for s in spans]
+    if not nodes:
+        raise ValueError("no spans")
+    by_id = {n.id: n for n in nodes}
+    root = min((n for n in nodes if n.parent_id not in by_id), key=lambda n: n.start)
+    trace_id = format(root.raw.context.trace_id, "032x")
+    own_episode = next((n.attrs["marft.episode.id"] for n in nodes if "marft.episode.id" in n.attrs), None)
+
+    ancestry: dict[int, list[_Span]] = {}
+    for n in nodes:
+        out, p = [], by_id.get(n.parent_id)
+        while p is not None:
+            out.append(p)
+            p = by_id.get(p.parent_id)
+        ancestry[n.id] = out
+    # Node spans with no model/tool call below them are environment steps (OpenInference shows them).
+    busy = {u.id for n in nodes if n.kind in ("llm", "tool") for u in ancestry[n.id]}
+    for n in nodes:
+        if n.kind == "agent" and n.id not in busy and not n.own and n.meta.get("langgraph_node"):
+            n.kind = "env"
+
+    wf = next((n for n in nodes if n.kind == "workflow"), root)
+    if wf.attrs.get("marft.episode.task") is not None:
+        task = _loads(wf.attrs["marft.episode.task"])
+    else:
+        msgs = _genai_messages(wf.attrs.get("gen_ai.input.messages"))
+        raw = msgs[0]["content"] if msgs else wf.attrs.get("input.value")
+        task = _loads(raw) if isinstance(raw, str) and raw[:1] in "{[" else raw
+
+    rec = EpisodeRecorder(None, task=task, source=source, episode_id=episode_id or own_episode or trace_id,
+                          metadata={"trace_id": trace_id})
+    recorded: list[tuple[_Span, str, str]] = []  # span, action id, output text
+    # Own spans keep the episode's recording order; others go by start time.
+    order = sorted((n for n in nodes if n.kind in ("llm", "tool", "env")),
+                   key=lambda n: (n.attrs.get("marft.index", 0), n.start, n.end))
+    for n in order:
+        with guarded("otel.span", rec):
+            a = n.attrs
+            if n.own:
+                deps = [str(d) for d in a.get("marft.depends_on") or () if rec.get_action(str(d)) is not None]
+                agent = str(a.get("gen_ai.agent.name") or "unknown")
+                kind, step, aid = str(a.get("marft.kind") or n.kind), int(a.get("marft.step") or 0), str(a["marft.action.id"])
+            else:
+                ups = ancestry[n.id]
+                agent_spans = [u for u in ups if u.kind == "agent"]
+                agent = _agent(n, agent_spans)
+                kind, aid = n.kind, None
+            fields = _fields(n)
+            if not n.own:
+                texts = [m.get("content") or "" for m in fields["observation"]["messages"]]
+                texts += [u.input_text() for u in agent_spans[:1]]
+                inside = {u.id for u in agent_spans} | ({n.id} if n.kind == "env" else set())
+                deps = []
+                for prev, pid, ptext in recorded:
+                    if prev.end > n.start:
+                        continue  # still running when this one started: not an input
+                    same_span = bool(inside & {u.id for u in ancestry[prev.id]})
+                    if same_span or (ptext.strip() and any(ptext.strip() in t for t in texts)):
+                        deps.append(pid)
+                step = _step(n, ups, [rec.get_action(d).step for d in deps])
+            fields.pop("metadata", None)
+            new_id = rec.record_action(
+                agent, kind=kind, step=step, depends_on=deps, error=n.error(), action_id=aid,
+                started_at=_dt(n.start), ended_at=_dt(n.end), metadata={"span_id": format(n.id, "016x")}, **fields)
+            recorded.append((n, new_id, rec.get_action(new_id).output.text))
+    return _finish(rec, root)
+
+
+def _agent(n: _Span, agent_spans: list[_Span]) -> str:
+    named = [str(u.attrs["gen_ai.agent.name"]) for u in reversed(agent_spans) if u.attrs.get("gen_ai.agent.name")]
+    if named:
+        return "/".join(named)
+    for meta in [n.meta, *(u.meta for u in agent_spans)]:
+        path = _node_path(meta)
+        if path:
+            return path
+    return str(n.attrs.get("gen_ai.request.model") or n.attrs.get("llm.model_name") or "unknown")
+
+
+def _step(n: _Span, ups: list[_Span], dep_steps: list[int]) -> int:
+    # LangGraph superstep of the outermost node span (subgraph actions take their parent's step).
+    for s in reversed([n, *ups]):
+        if isinstance(s.meta.get("langgraph_step"), int):
+            return s.meta["langgraph_step"]
+    return max(dep_steps, default=0) + 1
+
+
+def _finish(rec: Any, root: _Span) -> Episode:
+    status = "failed" if root.error() else "completed"
+    acts = rec.actions()
+    return Episode(id=rec.id, source=rec.source, task=rec.task, actions=acts, status=status,
+                   started_at=_dt(root.start) or rec.started_at, ended_at=_dt(root.end), metadata=rec.metadata)
+
+
+# -- collecting traces ---------------------------------------------------------------------------
+
+
+class _Assembler:
+    def __init__(self, store: Any, source: str, max_traces: int, include_own: bool):
+        self.store = store
+        self.source = source
+        self.max_traces = max_traces
+        self.include_own = include_own
+        self.lock = threading.Lock()
+        self.traces: OrderedDict[int, list[Any]] = OrderedDict()
+        self.dropped_traces = 0
+        self.episodes = 0
+
+    def add(self, span: Any) -> None:
+        with guarded("otel.collect"):
+            tid = span.context.trace_id
+            done = None
+            with self.lock:
+                spans = self.traces.setdefault(tid, [])
+                spans.append(span)
+                self.traces.move_to_end(tid)
+                if span.parent is None or span.parent.is_remote:
+                    done = self.traces.pop(tid)
+                while len(self.traces) > self.max_traces:
+                    self.traces.popitem(last=False)
+                    self.dropped_traces += 1
+            if done is not None:
+                self._convert(done)
+
+    def _convert(self, spans: list[Any]) -> None:
+        if not self.include_own and any("marft.episode.id" in (s.attributes or {}) for s in spans):
+            return  # our own emitted spans: the episode is stored already
+        if not any(_Span(s).kind in ("llm", "tool") for s in spans):
+            return  # a trace without model or tool calls is not an episode
+        with guarded("otel.convert"):
+            ep = spans_to_episode(spans, source=self.source)
+            self.store.submit(ep)
+            self.episodes += 1
+
+    def flush_pending(self) -> None:
+        with self.lock:
+            pending = list(self.traces.values())
+            self.traces.clear()
+        for spans in pending:
+            self._convert(spans)
+
+
+def _sdk():
+    from opentelemetry.sdk.trace import SpanProcessor
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    return SpanProcessor, SpanExporter, SpanExportResult
+
+
+def _make_classes():
+    SpanProcessor, SpanExporter, SpanExportResult = _sdk()
+
+    class EpisodeSpanProcessor(SpanProcessor):
+        """A span processor that turns each finished trace into an Episode in ``store``."""
+
+        def __init__(self, store: Any = None, source: str = "otel", max_traces: int = 10_000,
+                     include_own: bool = False):
+            from ..recording import _resolve_store
+
+            self.assembler = _Assembler(_resolve_store(store), source, max_traces, include_own)
+
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            pass
+
+        def on_end(self, span: Any) -> None:
+            self.assembler.add(span)
+
+        def shutdown(self) -> None:
+            self.assembler.flush_pending()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return True
+
+    class EpisodeSpanExporter(SpanExporter):
+        """A span exporter (for ``BatchSpanProcessor`` or an OTLP receiver) that writes Episodes."""
+
+        def __init__(self, store: Any = None, source: str = "otel", max_traces: int = 10_000,
+                     include_own: bool = False):
+            from ..recording import _resolve_store
+
+            self.assembler = _Assembler(_resolve_store(store), source, max_traces, include_own)
+
+        def export(self, spans: Sequence[Any]) -> Any:
+            for s in spans:
+                self.assembler.add(s)
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            self.assembler.flush_pending()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return True
+
+    return EpisodeSpanProcessor, EpisodeSpanExporter
+
+
+def __getattr__(name: str) -> Any:
+    # The SDK classes are built on first use so importing this module does not import the SDK.
+    if name in ("EpisodeSpanProcessor", "EpisodeSpanExporter"):
+        proc, exp = _make_classes()
+        globals().update(EpisodeSpanProcessor=proc, EpisodeSpanExporter=exp)
+        return globals()[name]
+    raise AttributeError(name)
+
+
+# -- emitting our actions as spans ---------------------------------------------------------------
+
+
+def _ns(dt: datetime | None) -> int | None:
+    return int(dt.timestamp() * 1e9) if dt is not None else None
+
+
+def _genai_json(messages: list[Any]) -> str:
+    out = []
+    for m in messages:
+        parts: list[dict[str, Any]] = []
+        if m.content:
+            parts.append({"type": "text", "content": m.content})
+        for tc in m.tool_calls or []:
+            fn = tc.get("function") or {}
+            parts.append({"type": "tool_call", "id": tc.get("id"), "name": fn.get("name"),
+                          "arguments": _loads(fn.get("arguments"))})
+        out.append({"role": m.role, "parts": parts, **({"name": m.name} if m.name else {})})
+    return json.dumps(out)
+
+
+class SpanEmitter:
+    """Emit finished episodes as GenAI-convention spans (see the module docstring)."""
+
+    def __init__(self, tracer_provider: Any = None, capture_content: bool = True):
+        from opentelemetry import trace
+
+        self.tracer = trace.get_tracer("marft_bridge", tracer_provider=tracer_provider)
+        self.capture_content = capture_content
+
+    def install(self) -> SpanEmitter:
+        add_episode_listener(self.emit)
+        return self
+
+    def uninstall(self) -> None:
+        remove_episode_listener(self.emit)
+
+    def emit(self, ep: Episode) -> None:
+        from opentelemetry import trace
+        from opentelemetry.trace import Link
+
+        root = self.tracer.start_span(
+            "invoke_workflow marft", start_time=_ns(ep.started_at),
+            attributes={"gen_ai.operation.name": "invoke_workflow", "gen_ai.workflow.name": ep.source,
+                        "marft.episode.id": ep.id, "marft.episode.task": json.dumps(ep.task, default=str),
+                        "marft.episode.status": ep.status})
+        ctx = trace.set_span_in_context(root)
+        spans: dict[str, Any] = {}
+        for i, a in enumerate(ep.actions):
+            with guarded("otel.emit"):
+                attrs = self._attributes(ep, a)
+                attrs["marft.index"] = i
+                model = a.policy.name if a.policy else a.agent
+                name = {"llm": f"chat {model}", "tool": f"execute_tool {a.agent}"}.get(a.kind, f"invoke_agent {a.agent}")
+                links = [Link(spans[d].get_span_context()) for d in a.depends_on if d in spans]
+                span = self.tracer.start_span(name, context=ctx, start_time=_ns(a.started_at or a.ended_at),
+                                              attributes=attrs, links=links)
+                if a.error:
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, a.error[:500]))
+                span.end(end_time=_ns(a.ended_at))
+                spans[a.id] = span
+        root.end(end_time=_ns(ep.ended_at))
+
+    def _attributes(self, ep: Episode, a: Any) -> dict[str, Any]:
+        op = {"llm": "chat", "tool": "execute_tool"}.get(a.kind, "invoke_agent")
+        attrs: dict[str, Any] = {
+            "gen_ai.operation.name": op, "gen_ai.agent.name": a.agent, "marft.episode.id": ep.id,
+            "marft.action.id": a.id, "marft.kind": a.kind, "marft.step": a.step,
+            "marft.depends_on": list(a.depends_on),
+        }
+        if a.token_source:
+            attrs["marft.token_source"] = a.token_source
+        if a.policy:
+            attrs["gen_ai.request.model"] = a.policy.name
+            attrs["marft.policy.name"] = a.policy.name
+            if a.policy.version is not None:
+                attrs["marft.policy.version"] = a.policy.version
+        if a.sampling:
+            for key, v in a.sampling.model_dump(exclude_none=True).items():
+                if key in _SAMPLING:
+                    attrs[f"gen_ai.request.{key}"] = v
+        if a.output.finish_reason:
+            attrs["gen_ai.response.finish_reasons"] = [a.output.finish_reason]
+        if a.output.token_ids is not None:
+            attrs["marft.output.token_ids"] = list(a.output.token_ids)
+            attrs["gen_ai.usage.output_tokens"] = len(a.output.token_ids)
+        if a.output.logprobs is not None:
+            attrs["marft.output.logprobs"] = list(a.output.logprobs)
+        if a.observation.prompt_token_ids is not None:
+            attrs["marft.observation.prompt_token_ids"] = list(a.observation.prompt_token_ids)
+            attrs["gen_ai.usage.input_tokens"] = len(a.observation.prompt_token_ids)
+        if self.capture_content:
+            if a.kind == "tool":
+                attrs["gen_ai.tool.name"] = a.metadata.get("tool", a.agent)
+                if a.observation.messages:
+                    attrs["gen_ai.tool.call.arguments"] = a.observation.messages[-1].content or ""
+                attrs["gen_ai.tool.call.result"] = a.output.text
+            else:
+                attrs["gen_ai.input.messages"] = _genai_json(a.observation.messages)
+                attrs["gen_ai.output.messages"] = json.dumps(
+                    [{"role": "assistant", "parts": [{"type": "text", "content": a.output.text}],
+                      "finish_reason": a.output.finish_reason}])
+        return attrs
+
+
+__all__ = ["EpisodeSpanExporter", "EpisodeSpanProcessor", "SpanEmitter", "spans_to_episode"]

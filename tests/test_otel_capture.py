@@ -1,0 +1,268 @@
+"""OpenTelemetry: GenAI-convention and OpenInference spans -> Episodes, and our actions -> spans."""
+
+from __future__ import annotations
+
+import json
+from typing import TypedDict
+
+import pytest
+from langgraph.graph import END, START, StateGraph
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from test_capture_openai import LOGPROBS, VERSIONS, server, token_model  # noqa: F401 - fixture reuse
+
+import marft_bridge as mb
+from marft_bridge import recording
+from marft_bridge.adapters import otel
+from marft_bridge.store import TraceStore
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = TraceStore.open(tmp_path / "traces.db")
+    yield s
+    s.close()
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch):
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "SPAN_ONLY")
+    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", "gen_ai_latest_experimental")
+
+
+class S(TypedDict, total=False):
+    q: str
+    plan: str
+    code: str
+    tests: str
+    review: str
+
+
+def team_app(url: str):
+    """planner -> tidy (env) -> coder || tester -> reviewer, every model a ChatOpenAI on the local server."""
+    m = {name: token_model(url, name) for name in ("planner", "coder", "tester", "reviewer")}
+    g = StateGraph(S)
+    g.add_node("plan", lambda s: {"plan": m["planner"].invoke(s["q"]).content}, metadata={"agent_name": "planner"})
+    g.add_node("tidy", lambda s: {"plan": s["plan"].strip()})
+    g.add_node("code", lambda s: {"code": m["coder"].invoke(s["plan"]).content}, metadata={"agent_name": "coder"})
+    g.add_node("test", lambda s: {"tests": m["tester"].invoke(s["plan"]).content}, metadata={"agent_name": "tester"})
+    g.add_node("review", lambda s: {"review": m["reviewer"].invoke(s["code"] + " | " + s["tests"]).content},
+               metadata={"agent_name": "reviewer"})
+    g.add_edge(START, "plan")
+    g.add_edge("plan", "tidy")
+    g.add_edge("tidy", "code")
+    g.add_edge("tidy", "test")
+    g.add_edge(["code", "test"], "review")
+    g.add_edge("review", END)
+    return g.compile()
+
+
+def llm_view(ep):
+    """Per llm action: (agent, input text, output text, model, llm actions it depends on through env steps)."""
+    by_id = {a.id: a for a in ep.actions}
+
+    def llm_deps(ids):
+        out = set()
+        for d in ids:
+            a = by_id[d]
+            out |= {a.agent} if a.kind == "llm" else llm_deps(a.depends_on)
+        return out
+
+    return sorted(
+        (a.agent, a.observation.messages[-1].content, a.output.text, a.policy.name, tuple(sorted(llm_deps(a.depends_on))))
+        for a in ep.actions if a.kind == "llm"
+    )
+
+
+def native_episode(url, store):
+    app = mb.instrument(team_app(url), store=store)
+    app.invoke({"q": "what?"})
+    store.flush()
+    return store.get_episode(app.last_episode_id)
+
+
+EXPECTED = [
+    ("coder", "planner answer to what?", "coder answer to planner answer to what?", "coder", ("planner",)),
+    ("planner", "what?", "planner answer to what?", "planner", ()),
+    ("reviewer", "coder answer to planner answer to what? | tester answer to planner answer to what?",
+     "reviewer answer to coder answer to planner answer to what? | tester answer to planner answer to what?",
+     "reviewer", ("coder", "planner", "tester")),
+    ("tester", "planner answer to what?", "tester answer to planner answer to what?", "tester", ("planner",)),
+]
+
+
+def provider_with(store):
+    tp = TracerProvider()
+    proc = otel.EpisodeSpanProcessor(store)
+    tp.add_span_processor(proc)
+    return tp, proc
+
+
+def test_official_genai_langchain_instrumentation_converts_to_equivalent_episode(server, store, tmp_path):  # noqa: F811
+    _, url = server
+    native = native_episode(url, TraceStore.open(tmp_path / "native.db"))
+    assert llm_view(native) == EXPECTED
+
+    from opentelemetry.instrumentation.genai.langchain import LangChainInstrumentor
+
+    tp, proc = provider_with(store)
+    inst = LangChainInstrumentor()
+    inst.instrument(tracer_provider=tp, skip_dep_check=True)
+    try:
+        team_app(url).invoke({"q": "what?"})
+    finally:
+        inst.uninstrument()
+    store.flush()
+    (ep,) = list(store.episodes())
+    assert ep.source == "otel" and ep.task == {"q": "what?"} and proc.assembler.episodes == 1
+    assert llm_view(ep) == llm_view(native)
+    planner = next(a for a in ep.actions if a.agent == "planner")
+    assert planner.sampling.model_dump(exclude_none=True) == {"temperature": 0.5, "max_tokens": 16}
+    assert planner.token_source == "retokenize"  # GenAI spans carry no token ids
+    steps = {a.agent: a.step for a in ep.actions}
+    assert steps["planner"] < steps["coder"] == steps["tester"] < steps["reviewer"]
+
+
+def test_openinference_instrumentation_converts_to_equivalent_episode(server, store, tmp_path):  # noqa: F811
+    _, url = server
+    native = native_episode(url, TraceStore.open(tmp_path / "native.db"))
+
+    from openinference.instrumentation.langchain import LangChainInstrumentor
+
+    tp, _ = provider_with(store)
+    inst = LangChainInstrumentor()
+    inst.instrument(tracer_provider=tp)
+    try:
+        team_app(url).invoke({"q": "what?"})
+    finally:
+        inst.uninstrument()
+    store.flush()
+    (ep,) = list(store.episodes())
+    assert llm_view(ep) == llm_view(native) == EXPECTED
+    # OpenInference shows every node, so env steps and LangGraph supersteps match the native capture too
+    assert sorted((a.agent, a.kind, a.step) for a in ep.actions) == sorted(
+        (a.agent, a.kind, a.step) for a in native.actions)
+    coder = next(a for a in ep.actions if a.agent == "coder")
+    assert coder.sampling.model_dump(exclude_none=True) == {"temperature": 0.5, "top_k": 20, "max_tokens": 16}
+
+
+def test_emitted_spans_round_trip_exactly(server, store):  # noqa: F811
+    _, url = server
+    mem = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(mem))
+    emitter = otel.SpanEmitter(tracer_provider=tp).install()
+    try:
+        native = native_episode(url, store)
+    finally:
+        emitter.uninstall()
+    spans = mem.get_finished_spans()
+    assert sorted(s.name for s in spans) == sorted(
+        ["invoke_workflow marft", "chat planner", "chat coder", "chat tester", "chat reviewer", "invoke_agent tidy"])
+    chat = next(s for s in spans if s.name == "chat coder")
+    assert chat.attributes["gen_ai.operation.name"] == "chat" and chat.attributes["gen_ai.agent.name"] == "coder"
+    assert list(chat.attributes["marft.output.logprobs"]) == LOGPROBS
+    assert chat.attributes["marft.policy.version"] == VERSIONS["coder"]
+    tidy = next(s for s in spans if s.name == "invoke_agent tidy")
+    assert [link.context.span_id for link in chat.links] == [tidy.context.span_id]
+
+    back = otel.spans_to_episode(spans)
+    assert back.id == native.id and back.task == native.task
+    strip = lambda a: a.model_dump(exclude={"metadata"})  # noqa: E731
+    assert [strip(a) for a in back.actions] == [strip(a) for a in native.actions]
+
+
+def test_own_spans_are_not_recorded_twice(server, store):  # noqa: F811
+    _, url = server
+    tp, proc = provider_with(store)
+    emitter = otel.SpanEmitter(tracer_provider=tp).install()
+    try:
+        native_episode(url, store)
+    finally:
+        emitter.uninstall()
+    store.flush()
+    assert store.count() == 1 and proc.assembler.episodes == 0
+
+
+def test_hand_made_genai_spans_tools_parentage_and_message_flow(store):
+    tp, proc = provider_with(store)
+    tracer = tp.get_tracer("app")
+
+    def msgs(role, text):
+        return json.dumps([{"role": role, "parts": [{"type": "text", "content": text}]}])
+
+    with tracer.start_as_current_span("invoke_workflow app", attributes={"gen_ai.operation.name": "invoke_workflow",
+                                                                         "gen_ai.input.messages": msgs("user", "task")}):
+        with tracer.start_as_current_span("invoke_agent lead", attributes={"gen_ai.operation.name": "invoke_agent",
+                                                                           "gen_ai.agent.name": "lead"}):
+            with tracer.start_as_current_span("chat lead-model", attributes={
+                    "gen_ai.operation.name": "chat", "gen_ai.request.model": "lead", "gen_ai.request.temperature": 0.7,
+                    "gen_ai.input.messages": msgs("user", "task"), "gen_ai.output.messages": msgs("assistant", "search cats")}):
+                pass
+            with tracer.start_as_current_span("execute_tool search", attributes={
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
+                    "gen_ai.tool.call.arguments": '{"q": "cats"}', "gen_ai.tool.call.result": "cats are mammals"}):
+                pass
+        with tracer.start_as_current_span("invoke_agent writer", attributes={"gen_ai.operation.name": "invoke_agent",
+                                                                             "gen_ai.agent.name": "writer"}):
+            with tracer.start_as_current_span("chat writer", attributes={
+                    "gen_ai.operation.name": "chat", "gen_ai.request.model": "writer",
+                    "gen_ai.input.messages": msgs("user", "facts: cats are mammals"),
+                    "gen_ai.output.messages": msgs("assistant", "Cats are mammals.")}):
+                pass
+        with tracer.start_as_current_span("chat", attributes={"gen_ai.operation.name": "chat",
+                                                               "gen_ai.request.model": "judge",
+                                                               "gen_ai.input.messages": "not json"}):
+            pass
+    store.flush()
+    (ep,) = list(store.episodes())
+    view = [(a.agent, a.kind, a.step, sorted(ep.action(d).agent + ":" + ep.action(d).kind for d in a.depends_on))
+            for a in ep.actions]
+    assert view == [
+        ("lead", "llm", 1, []),
+        ("lead", "tool", 2, ["lead:llm"]),  # parentage: same agent span
+        ("writer", "llm", 3, ["lead:tool"]),  # message flow: the tool result is in its prompt
+        ("judge", "llm", 1, []),  # unreadable messages: recorded, nothing invented
+    ]
+    assert ep.actions[0].sampling.temperature == 0.7 and ep.task == "task"
+    assert ep.actions[1].output.text == "cats are mammals" and ep.actions[1].metadata["span_id"]
+
+
+def test_traces_without_model_calls_are_skipped_and_bad_spans_counted(store):
+    tp, proc = provider_with(store)
+    tracer = tp.get_tracer("app")
+    with tracer.start_as_current_span("GET /health"):
+        pass
+    recording.reset_capture_stats()
+    with tracer.start_as_current_span("root"):
+        with tracer.start_as_current_span("chat", attributes={"gen_ai.operation.name": "chat",
+                                                               "gen_ai.request.temperature": -3.0}):
+            pass  # an invalid temperature: that action is refused, the trace still converts
+        with tracer.start_as_current_span("chat ok", attributes={"gen_ai.operation.name": "chat",
+                                                                  "gen_ai.request.model": "m"}):
+            pass
+    store.flush()
+    (ep,) = list(store.episodes())
+    assert [a.policy.name for a in ep.actions] == ["m"]
+    assert recording.capture_stats()["by_where"] == {"otel.span": 1}
+
+
+def test_exporter_with_batches(store):
+    exporter = otel.EpisodeSpanExporter(store)
+    tp = TracerProvider()
+    mem = InMemorySpanExporter()
+    tp.add_span_processor(SimpleSpanProcessor(mem))
+    tracer = tp.get_tracer("app")
+    with tracer.start_as_current_span("root"):
+        with tracer.start_as_current_span("chat", attributes={"gen_ai.operation.name": "chat",
+                                                               "gen_ai.request.model": "m"}):
+            pass
+    spans = list(mem.get_finished_spans())
+    exporter.export(spans[:1])  # the child first: nothing yet
+    store.flush()
+    assert store.count() == 0
+    exporter.export(spans[1:])
+    store.flush()
+    assert store.count() == 1
