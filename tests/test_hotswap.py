@@ -105,6 +105,35 @@ def test_swaps_under_load(server, setup):
     assert after_last and all(r[3] == 6 for r in after_last)
 
 
+def test_stream_in_flight_finishes_on_its_version(server, setup, tiny_model_dir):
+    """A swap issued while a long stream is being generated does not touch that stream."""
+    reg, _, _ = setup
+    old = reg.current("planner")
+    new = 2 if old != 2 else 3
+    direct = DirectModel(tiny_model_dir, reg.path("planner", old))
+    want = direct.greedy(direct.chat_prompt(MESSAGES), 100)
+    body = {"model": "planner", "messages": MESSAGES, "max_tokens": 100, "temperature": 0, "stream": True,
+            "return_token_ids": True}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    versions, tokens, swapped = set(), [], False
+    with httpx.stream("POST", server.base_url + "/chat/completions", json=body, headers=headers, timeout=60) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            versions.add(chunk["adapter"]["version"])
+            tokens += chunk["choices"][0].get("token_ids", [])
+            if not swapped:  # first chunk is out: the stream is in flight; swap now, from another thread
+                swapper = threading.Thread(
+                    target=reg.promote, args=("planner", new), kwargs={"publisher": EmbeddedServerPublisher(server.url, KEY)})
+                swapper.start()
+                swapped = True
+    swapper.join()
+    assert versions == {old}
+    assert tokens == want
+    assert _planner_output(server)[0] == new
+
+
 def _planner_output(server):
     r = httpx.post(server.base_url + "/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
                    json={"model": "planner", "messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0,

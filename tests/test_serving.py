@@ -178,6 +178,8 @@ def test_errors_in_openai_format(client, server):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="nobody", messages=MESSAGES)
     assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
+    with pytest.raises(openai.NotFoundError):  # streaming too: refused before the stream starts
+        client.chat.completions.create(model="nobody", messages=MESSAGES, stream=True)
     with pytest.raises(openai.BadRequestError, match="max_tokens must be between 1 and 64"):
         client.chat.completions.create(model="planner", messages=MESSAGES, max_tokens=65)
     with pytest.raises(openai.BadRequestError, match="top_p"):
@@ -239,3 +241,10 @@ def test_engine_batches_across_adapters(tiny_model_dir, registry):
             assert torch.allclose(torch.tensor(res.logprobs), lp, atol=1e-4)
     finally:
         engine.close()
+
+
+def test_serve_cli_refuses_a_missing_base_model(tmp_path, capsys):
+    from marft_bridge.cli import main as marft
+
+    assert marft(["serve", "--base-model", str(tmp_path / "nope"), "--registry", str(tmp_path / "reg")]) == 1
+    assert "is not a model directory" in capsys.readouterr().err
