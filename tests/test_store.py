@@ -285,6 +285,9 @@ def test_urls_and_default_path(tmp_path, monkeypatch):
     assert normalize_url(None) == f"sqlite:///{tmp_path}/.marft/traces.db"
     assert normalize_url("x/t.db") == f"sqlite:///{tmp_path}/x/t.db"
     assert normalize_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
+    with pytest.raises(MarftError) as e:
+        TraceStore.open("postgresql://user:s3cret@127.0.0.1:1/db")
+    assert "s3cret" not in str(e.value) and "user:***@" in str(e.value)
     with TraceStore.open() as s:
         s.add_episode(make_episode(0))
     assert (tmp_path / ".marft" / "traces.db").is_file()
@@ -297,6 +300,8 @@ def test_urls_and_default_path(tmp_path, monkeypatch):
     (tmp_path / "notadb").write_text("hello\n" * 1000)
     with pytest.raises(MarftError, match="cannot open trace store .*notadb: file is not a database"):
         TraceStore.open(tmp_path / "notadb")
+    with pytest.raises(MarftError, match="in-memory SQLite trace store is not supported"):
+        TraceStore.open("sqlite://")
     (tmp_path / "file").write_text("")
     with pytest.raises(MarftError, match="cannot create the trace store directory"):
         TraceStore.open(tmp_path / "file" / "t.db")

@@ -64,11 +64,11 @@ s.close()
 """
 
 
-def test_several_writer_processes_append_to_one_store(store):
+def test_several_writer_processes_append_to_one_store(store, store_url):
     store.add_episode({"id": "shared", "actions": [{"id": "root", "agent": "root", "step": 0}]})
     cursor = store.cursor()
     n_writers, n = 3, 12
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, store.url, str(w), str(n)]) for w in range(n_writers)]
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, store_url, str(w), str(n)]) for w in range(n_writers)]
     for p in procs:
         assert p.wait(timeout=240) == 0
     assert store.count() == n_writers * n + 1

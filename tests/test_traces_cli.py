@@ -31,8 +31,8 @@ def filled(store):
     return store
 
 
-def test_list_show_export_import_stats(filled, tmp_path):
-    url = filled.url
+def test_list_show_export_import_stats(filled, store_url, tmp_path):
+    url = store_url
     r = marft("traces", "list", "--store", url)
     assert r.returncode == 0, r.stderr
     assert "2 of 2 episode(s)" in r.stdout

@@ -150,7 +150,7 @@ def _list(args) -> int:
         return 0
     from rich.table import Table
 
-    table = Table(title=f"{len(rows)} of {total} episode(s) in {store.display_url}", title_justify="left")
+    table = Table(title=f"{len(rows)} of {total} episode(s) in {store.url}", title_justify="left")
     table.add_column("id", no_wrap=True)
     table.add_column("started (UTC)", no_wrap=True)
     table.add_column("source")

@@ -71,7 +71,6 @@ class TraceStore:
     def __init__(self, url: str, *, queue_size: int = 1000, on_full: str = "block"):
         if on_full not in ("block", "drop"):
             raise MarftError(f"on_full must be 'block' or 'drop', not {on_full!r}")
-        self.url = url
         self._queue_size = queue_size
         self._on_full = on_full
         self._writer = None  # background writer for submit(), started on first use
@@ -79,6 +78,8 @@ class TraceStore:
         self._dropped_closed = 0
         self._closed = False
         self._engine, self._reader = _create_engines(url)
+        # For display and logs: a password in the URL is masked.
+        self.url = self._engine.url.render_as_string(hide_password=True)
         self.is_postgres = self._engine.dialect.name == "postgresql"
         # A new id inserts (and returns it); an existing one returns nothing and is merged instead.
         dialect = importlib.import_module(f"sqlalchemy.dialects.{'postgresql' if self.is_postgres else 'sqlite'}")
@@ -98,11 +99,7 @@ class TraceStore:
         return cls(normalize_url(url), queue_size=queue_size, on_full=on_full)
 
     def __repr__(self) -> str:
-        return f"TraceStore({self.display_url!r})"
-
-    @property
-    def display_url(self) -> str:
-        return sa.make_url(self.url).render_as_string(hide_password=True)
+        return f"TraceStore({self.url!r})"
 
     def __enter__(self) -> TraceStore:
         return self
@@ -124,12 +121,12 @@ class TraceStore:
                     conn.execute(t.meta.insert().values(key="store_schema_version", value=str(t.STORE_SCHEMA_VERSION)))
         except sa.exc.SQLAlchemyError as e:
             self._dispose()
-            raise MarftError(f"cannot open trace store {self.display_url}: {_short(e)}") from None
+            raise MarftError(f"cannot open trace store {self.url}: {_short(e)}") from None
         found = int(row.value) if row is not None else t.STORE_SCHEMA_VERSION
         if found != t.STORE_SCHEMA_VERSION:
             self._dispose()
             raise MarftError(
-                f"trace store {self.display_url} was written with store schema version {found}, but this "
+                f"trace store {self.url} was written with store schema version {found}, but this "
                 f"marft_bridge uses version {t.STORE_SCHEMA_VERSION}; open it with the matching marft_bridge "
                 "version (export to JSONL there, import here) or point --store at another database"
             )
@@ -295,7 +292,7 @@ class TraceStore:
         """
         if self._closed:
             self._dropped_closed += 1
-            log.error("trace store %s is closed; episode dropped", self.display_url)
+            log.error("trace store %s is closed; episode dropped", self.url)
             return
         with self._writer_lock:
             if self._writer is None:
@@ -323,12 +320,12 @@ class TraceStore:
 
     def _dispose(self) -> None:
         self._engine.dispose()
-        if self._reader is not self._engine:
+        if self._reader is not self._engine:  # PostgreSQL uses one engine for both
             self._reader.dispose()
 
     def _check_open(self) -> None:
         if self._closed:
-            raise MarftError(f"trace store {self.display_url} is closed")
+            raise MarftError(f"trace store {self.url} is closed")
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -419,7 +416,7 @@ class TraceStore:
 
         with self._reader.connect() as conn:
             out: dict[str, Any] = {
-                "url": self.display_url,
+                "url": self.url,
                 "episodes": n(t.episodes),
                 "actions": n(t.actions),
                 "rewards": n(t.rewards),
@@ -516,31 +513,31 @@ def _create_engines(url: str) -> tuple[sa.Engine, sa.Engine]:
         u = sa.make_url(url)
     except sa.exc.ArgumentError:
         raise MarftError(f"not a store URL or path: {url!r}") from None
-    if u.get_backend_name() != "sqlite":
+    if u.get_backend_name() not in ("sqlite", "postgresql"):
+        raise MarftError(f"cannot use store URL {u.render_as_string(hide_password=True)}: the trace store runs on "
+                         "SQLite (a path or sqlite:///...) or PostgreSQL (postgresql://...)")
+    if u.get_backend_name() == "postgresql":
         try:
             engine = sa.create_engine(u, pool_pre_ping=True)
         except (ImportError, sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as e:
             raise MarftError(f"cannot use store URL {u.render_as_string(hide_password=True)}: {e}") from None
         return engine, engine
-    memory = u.database in (None, "", ":memory:")
-    if not memory:
-        try:
-            Path(u.database).parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise MarftError(f"cannot create the trace store directory for {u.database}: {e}") from None
+    if u.database in (None, "", ":memory:"):
+        # The background writer and readers need connections of their own to one database.
+        raise MarftError("an in-memory SQLite trace store is not supported; give a file path (a temporary one is fine)")
+    try:
+        Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MarftError(f"cannot create the trace store directory for {u.database}: {e}") from None
 
     def make(begin: str) -> sa.Engine:
-        kw: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}}
-        if memory:
-            kw["poolclass"] = sa.pool.StaticPool
-        engine = sa.create_engine(u, **kw)
+        engine = sa.create_engine(u, connect_args={"check_same_thread": False, "timeout": 30})
 
         @sa.event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn, _record):
             dbapi_conn.isolation_level = None  # let the "begin" hook below issue BEGIN itself
             cur = dbapi_conn.cursor()
-            if not memory:
-                cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
@@ -551,8 +548,7 @@ def _create_engines(url: str) -> tuple[sa.Engine, sa.Engine]:
 
         return engine
 
-    writer = make("BEGIN IMMEDIATE")
-    return writer, (writer if memory else make("BEGIN"))
+    return make("BEGIN IMMEDIATE"), make("BEGIN")
 
 
 def _to_data(item: Episode | dict | str | bytes) -> dict:
