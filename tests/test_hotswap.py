@@ -232,6 +232,13 @@ def test_in_process_publisher(tiny_model_dir, setup):
     reg, expected, _ = setup
     engine = AdapterEngine(tiny_model_dir, registry=reg)
     try:
+        # At start the current versions load; the hand-made broken v92 is skipped, the others serve.
+        shutil.copytree(reg.path("planner", 92), reg.root / "broken" / "v1")
+        reg.promote("broken", 1)
+        report = engine.load_current()
+        assert report["planner"] == f"v{reg.current('planner')}" and report["coder"] == "v1"
+        assert report["broken"].startswith("skipped v1:") and "config says r=2" in report["broken"]
+        assert set(engine.adapters()) == {"planner", "coder"}
         publisher = InProcessPublisher(engine)
         prompt = DirectModel(tiny_model_dir).chat_prompt(MESSAGES)
         for version in (2, 5):

@@ -111,15 +111,8 @@ def _serve(args) -> int:
         max_tokens_limit=args.max_tokens_limit,
         dtype=args.dtype,
     )
-    for agent in registry.agents():
-        version = registry.current(agent)
-        if version is None:
-            continue
-        try:
-            engine.load_adapter(agent, registry.path(agent, version))
-            print(f"marft serve: {agent} v{version}", file=sys.stderr)
-        except MarftError as e:  # one bad adapter must not keep the others from serving
-            print(f"marft serve: skipping {agent} v{version}: {e}", file=sys.stderr)
+    for agent, outcome in engine.load_current().items():
+        print(f"marft serve: {agent} {outcome}", file=sys.stderr)
     app = create_app(engine, api_key=api_key, max_request_bytes=args.max_request_bytes)
     print(f"marft serve: {engine.base_name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     try:

@@ -165,6 +165,21 @@ class AdapterEngine:
             raise AdapterError(f"adapter {name!r} is already loaded; pass load_inplace=true to replace it")
         return self._between_batches(lambda: self._do_load(name, str(path), version, load_inplace))
 
+    def load_current(self) -> dict[str, str]:
+        """Load the current version of every agent in the registry; returns agent -> "v<N>" or the
+        reason it was skipped (one bad adapter must not keep the others from serving)."""
+        report = {}
+        for agent in self.registry.agents() if self.registry is not None else []:
+            version = self.registry.current(agent)
+            if version is None:
+                continue
+            try:
+                self.load_adapter(agent, self.registry.path(agent, version), load_inplace=True)
+                report[agent] = f"v{version}"
+            except MarftError as e:
+                report[agent] = f"skipped v{version}: {e}"
+        return report
+
     def unload_adapter(self, name: str) -> None:
         if name not in self._routes:
             raise UnknownAdapter(f"adapter {name!r} is not loaded")

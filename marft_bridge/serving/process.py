@@ -25,7 +25,7 @@ class ServerProcess:
     def __init__(
         self,
         base_model: str | Path,
-        registry: str | Path,
+        registry,  # a path or an AdapterRegistry
         *,
         api_key: str | None = None,
         host: str = "127.0.0.1",
@@ -33,6 +33,10 @@ class ServerProcess:
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
     ):
+        from .registry import AdapterRegistry
+
+        if isinstance(registry, AdapterRegistry):
+            registry = registry.root
         self.base_model, self.registry, self.api_key = str(base_model), str(registry), api_key
         self.host, self.port = host, port
         self.extra_args = list(extra_args or [])
