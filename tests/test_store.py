@@ -183,6 +183,9 @@ def test_queries_by_time_source_agent_and_reward(store):
     assert store.count() == 6
     assert store.count(source="mcp", has_reward=True) == 0
     assert store.count(agent="planner") == 3
+    assert store.count(since="2025-03-01T13:03:00+01:00") == 3  # ISO text works too
+    with pytest.raises(MarftError, match="not an ISO date/time: 'yesterday'"):
+        store.count(since="yesterday")
 
 
 def test_stats_counts(store):

@@ -59,7 +59,12 @@ def _epoch(dt: datetime | float | int | str | None) -> float | None:
     if isinstance(dt, (int, float)):
         return float(dt)
     if isinstance(dt, str):
-        dt = datetime.fromisoformat(dt)
+        try:
+            dt = datetime.fromisoformat(dt)
+        except ValueError:
+            raise MarftError(f"not an ISO date/time: {dt!r}") from None
+    if not isinstance(dt, datetime):
+        raise MarftError(f"expected a datetime, epoch seconds or ISO text, not {type(dt).__name__}")
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return dt.timestamp()
