@@ -233,7 +233,9 @@ def test_in_process_publisher(tiny_model_dir, setup):
     engine = AdapterEngine(tiny_model_dir, registry=reg)
     try:
         # At start the current versions load; the hand-made broken v92 is skipped, the others serve.
-        shutil.copytree(reg.path("planner", 92), reg.root / "broken" / "v1")
+        broken = shutil.copytree(reg.path("planner", 1), reg.root / "broken" / "v1")
+        cfg = json.loads((broken / "adapter_config.json").read_text())
+        (broken / "adapter_config.json").write_text(json.dumps({**cfg, "r": 2}))
         reg.promote("broken", 1)
         report = engine.load_current()
         assert report["planner"] == f"v{reg.current('planner')}" and report["coder"] == "v1"
