@@ -30,8 +30,7 @@ class BackgroundWriter:
         self._pending = 0
         self._done = threading.Condition()
         self.dropped = 0
-        self.written = 0
-        self.failed = 0
+        self._stopped = False
         self._thread = threading.Thread(target=self._run, name="marft-trace-writer", daemon=True)
         self._thread.start()
         # Episodes submitted just before the interpreter exits are still written.
@@ -40,6 +39,9 @@ class BackgroundWriter:
     def submit(self, episode: Any) -> None:
         item = _snapshot(episode)
         with self._done:
+            if self._stopped:  # lost a race with close(): count it, never hang a later flush
+                self.dropped += 1
+                return
             self._pending += 1
         if self._on_full == "block":
             self._queue.put(item)
@@ -62,6 +64,8 @@ class BackgroundWriter:
         atexit.unregister(self.stop)
         if self._thread.is_alive():
             self.flush()
+            with self._done:
+                self._stopped = True
             self._queue.put(_STOP)
             self._thread.join()
 
@@ -72,12 +76,9 @@ class BackgroundWriter:
                 return
             try:
                 self._store.add_episode(item)  # a refused record is dead-lettered there
-                self.written += 1
             except RecordError as e:
-                self.failed += 1
                 log.warning("trace refused: %s", e)
             except Exception:  # noqa: BLE001 - never let one bad write kill the writer thread
-                self.failed += 1
                 log.exception("trace write failed")
             finally:
                 with self._done:
