@@ -13,6 +13,7 @@ Builds a tiny model and random adapters in a temporary directory; nothing is dow
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import threading
@@ -29,8 +30,16 @@ KEY = "bench"
 MODELS = ["planner", "coder", "base"]
 
 
-def load(url: str, concurrency: int, duration: float, max_tokens: int, stop: threading.Event | None = None):
-    """Closed-loop clients for ``duration`` seconds; returns (requests/s, tokens/s, errors, versions seen)."""
+def cpu_seconds(pid: int) -> float:
+    """CPU time used so far by a process (Linux): ratios per server CPU-second are robust to other
+    load on a shared machine, which wall-clock rates are not."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load(server: ServerProcess, concurrency: int, duration: float, max_tokens: int) -> dict:
+    """Closed-loop clients for ``duration`` seconds against ``server``."""
+    url = server.url
     done, tokens, errors, versions = [0], [0], [0], set()
     lock = threading.Lock()
     end = time.monotonic() + duration
@@ -55,13 +64,14 @@ def load(url: str, concurrency: int, duration: float, max_tokens: int, stop: thr
                         versions.add(body["adapter"]["version"])
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), cpu_seconds(server.proc.pid)
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    elapsed = time.monotonic() - t0
-    return done[0] / elapsed, tokens[0] / elapsed, errors[0], versions
+    elapsed, cpu = time.monotonic() - t0, cpu_seconds(server.proc.pid) - cpu0
+    return {"rps": done[0] / elapsed, "tps": tokens[0] / elapsed, "req_per_cpu": done[0] / cpu,
+            "tok_per_cpu": tokens[0] / cpu, "errors": errors[0], "versions": versions}
 
 
 def main() -> None:
@@ -113,41 +123,42 @@ def main() -> None:
                 reg.promote("planner", ready.pop(0), publisher=publisher)
                 count[0] += 1
 
-        steady, swapping, swap_errors, n_swaps, swap_versions = [], [], 0, [0], set()
+        steady, swapping, n_swaps = [], [], [0]
         for _ in range(args.rounds):
-            steady.append(load(batched.base_url[:-3], args.concurrency, args.duration, args.max_tokens)[0])
+            steady.append(load(batched, args.concurrency, args.duration, args.max_tokens))
             stop = threading.Event()
             t = threading.Thread(target=swapper, args=(stop, n_swaps))
             t.start()
-            rps, _, errs, versions = load(batched.base_url[:-3], args.concurrency, args.duration, args.max_tokens)
+            swapping.append(load(batched, args.concurrency, args.duration, args.max_tokens))
             stop.set()
             t.join()
-            swapping.append(rps)
-            swap_errors += errs
-            swap_versions |= versions
 
         # 3. batched vs one at a time, same load, alternating servers.
-        b_rates, s_rates = [], []
+        b_runs, s_runs = [], []
         for _ in range(args.rounds):
-            b_rates.append(load(batched.url, args.concurrency, args.duration, args.max_tokens)[1])
-            s_rates.append(load(single.url, args.concurrency, args.duration, args.max_tokens)[1])
+            b_runs.append(load(batched, args.concurrency, args.duration, args.max_tokens))
+            s_runs.append(load(single, args.concurrency, args.duration, args.max_tokens))
     finally:
         batched.stop()
         single.stop()
 
-    print("phases (req/s): steady", [round(x) for x in steady], "swapping", [round(x) for x in swapping])
+    def med(runs, key):
+        return statistics.median(r[key] for r in runs)
+
+    swap_errors = sum(r["errors"] for r in swapping)
+    versions = set().union(*(r["versions"] for r in swapping))
     print(f"model: tiny Llama hidden={args.hidden_size}, adapters rank 8, concurrency {args.concurrency}, "
-          f"max_tokens {args.max_tokens}, torch threads {args.threads}")
+          f"max_tokens {args.max_tokens}, torch threads {args.threads}, {args.rounds} interleaved rounds x {args.duration:g}s")
     print(f"swap latency (publish -> first new-version response): median {statistics.median(latencies) * 1000:.0f} ms, "
           f"max {max(latencies) * 1000:.0f} ms; load_lora_adapter call median {statistics.median(load_times) * 1000:.0f} ms "
           f"({len(latencies)} swaps)")
-    print(f"throughput steady {statistics.median(steady):.1f} req/s, during swaps {statistics.median(swapping):.1f} req/s "
-          f"({n_swaps[0]} swaps, {swap_errors} errors, {len(swap_versions)} planner versions served): "
-          f"ratio {statistics.median(swapping) / statistics.median(steady):.2f} (target >= 0.9)")
-    print(f"generation at concurrency {args.concurrency}: batched {statistics.median(b_rates):.0f} tok/s, one at a time "
-          f"{statistics.median(s_rates):.0f} tok/s: speed-up {statistics.median(b_rates) / statistics.median(s_rates):.2f}x "
-          f"(target >= 2x)")
-
+    print(f"throughput steady {med(steady, 'rps'):.1f} req/s, during swaps {med(swapping, 'rps'):.1f} req/s "
+          f"({n_swaps[0]} swaps, {swap_errors} errors, {len(versions)} planner versions served): "
+          f"ratio {med(swapping, 'rps') / med(steady, 'rps'):.2f} wall-clock, "
+          f"{med(swapping, 'req_per_cpu') / med(steady, 'req_per_cpu'):.2f} per server CPU-second (target >= 0.9)")
+    print(f"generation at concurrency {args.concurrency}: batched {med(b_runs, 'tps'):.0f} tok/s, one at a time "
+          f"{med(s_runs, 'tps'):.0f} tok/s: speed-up {med(b_runs, 'tps') / med(s_runs, 'tps'):.2f}x wall-clock, "
+          f"{med(b_runs, 'tok_per_cpu') / med(s_runs, 'tok_per_cpu'):.2f}x per server CPU-second (target >= 2x)")
 
 if __name__ == "__main__":
     main()
