@@ -111,12 +111,14 @@ def test_errors_are_one_line_and_non_zero(tmp_path):
         (["traces", "reward", "zz", "1", "--store", str(db)],
          "marft: error: episode zz: no such episode in the store"),
         (["traces", "stats", "--store", "mysql+nodriver://x/y"], "marft: error: cannot use store URL"),
+        (["traces", "list", "--store", str(tmp_path / "typo.db")], "marft: error: no trace store at "),
     ]
     for args, start in cases:
         r = marft(*args)
         assert r.returncode == 1, args
         assert r.stderr.startswith(start), (args, r.stderr)
         assert r.stderr.count("\n") == 1, r.stderr  # one line, no traceback
+    assert not (tmp_path / "typo.db").exists()
 
 
 def test_help_explains_every_action():

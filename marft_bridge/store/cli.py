@@ -92,10 +92,17 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 # -- handlers ----------------------------------------------------------------------------------
 
 
-def _open(args):
-    from .tracestore import TraceStore
+def _open(args, create: bool = False):
+    import sqlalchemy as sa
 
-    return TraceStore.open(args.store)
+    from .tracestore import TraceStore, normalize_url
+
+    url = normalize_url(args.store)
+    u = sa.make_url(url)
+    # Reading commands must not leave an empty database behind a typo'd path.
+    if not create and u.get_backend_name() == "sqlite" and u.database and not os.path.exists(u.database):
+        raise MarftError(f"no trace store at {u.database} (nothing captured yet? pass --store or set MARFT_STORE)")
+    return TraceStore.open(url)
 
 
 def _console():
@@ -230,7 +237,7 @@ def _export(args) -> int:
 
 
 def _import(args) -> int:
-    with _open(args) as store:
+    with _open(args, create=True) as store:
         report = store.import_(args.path, format=args.format)
     print(f"imported {args.path}: {report.added} added, {report.refused} refused")
     for r in report.refusals[:20]:
