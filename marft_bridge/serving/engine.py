@@ -317,10 +317,6 @@ class AdapterEngine:
         return slot
 
     def _generate(self, batch: list[GenerationRequest]) -> None:
-        import torch
-
-        from .sampling import processed_logprobs, sample
-
         rows, slots = [], []
         for req in batch:
             try:
@@ -333,12 +329,16 @@ class AdapterEngine:
         for req, slot in zip(rows, slots):
             _emit(req, "start", (slot.name, slot.version) if slot else (self.base_name, None))
         try:
-            self._decode(rows, slots, torch, processed_logprobs, sample)
+            self._decode(rows, slots)
         except Exception as e:  # noqa: BLE001 - fail this batch's requests, keep the worker alive
             for req in rows:
                 _emit(req, "error", e)
 
-    def _decode(self, rows, slots, torch, processed_logprobs, sample) -> None:
+    def _decode(self, rows: list[GenerationRequest], slots: list[_Slot | None]) -> None:
+        import torch
+
+        from .sampling import processed_logprobs, sample
+
         b = len(rows)
         width = max(len(r.prompt_ids) for r in rows)
         ids = torch.full((b, width), self.pad_id, dtype=torch.long)
@@ -392,8 +392,12 @@ def _finite(x: float) -> float:
 
 
 def _emit(req: GenerationRequest, kind: str, payload: Any) -> None:
-    if req.sink is not None:
+    if req.sink is None:
+        return
+    try:
         req.sink(kind, payload)
+    except Exception:  # noqa: BLE001 - a gone client (closed event loop) must not stop the other rows
+        req.sink = None
 
 
 class _RowState:
