@@ -2,6 +2,7 @@
 the same rows, measured side by side in one run, and episodes/s read back.
 
     .venv/bin/python benchmarks/store_ingest.py [--episodes 400] [--actions 10] [--repeat 3]
+        [--postgres postgresql://postgres@127.0.0.1:5432/test]   # also time the PostgreSQL backend
 
 "bare sqlite3, same rows" inserts exactly the rows TraceStore writes (episode, agents, actions,
 rewards, change log) into the same tables with the same statements, one transaction per episode,
@@ -130,11 +131,40 @@ def store_submit(path: Path, episodes) -> float:
     return dt
 
 
+def store_write_postgres(url: str, episodes) -> float:
+    """add_episode into a scratch schema of ``url`` (dropped afterwards)."""
+    import uuid
+
+    import sqlalchemy as sa
+
+    from marft_bridge.store import TraceStore
+    from marft_bridge.store.tracestore import normalize_url
+
+    schema = f"marft_bench_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(normalize_url(url))
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'create schema "{schema}"'))
+    try:
+        u = sa.make_url(normalize_url(url)).update_query_dict({"options": f"-csearch_path={schema}"})
+        store = TraceStore.open(u.render_as_string(hide_password=False))
+        t0 = time.perf_counter()
+        for ep in episodes:
+            store.add_episode(ep)
+        dt = time.perf_counter() - t0
+        store.close()
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'drop schema "{schema}" cascade'))
+        admin.dispose()
+    return dt
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=400)
     ap.add_argument("--actions", type=int, default=10, help="actions per episode")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds; medians are reported")
+    ap.add_argument("--postgres", metavar="URL", help="also write through TraceStore to this PostgreSQL server")
     args = ap.parse_args()
     episodes = make_episodes(args.episodes, args.actions)
     n_actions = args.episodes * args.actions
@@ -148,6 +178,8 @@ def main() -> None:
             res["read"].append(rd)
             res["actions"].append(bare_sqlite_actions_only(Path(tmp, f"actions{r}.db"), episodes))
             res["submit"].append(store_submit(Path(tmp, f"submit{r}.db"), episodes))
+            if args.postgres:
+                res.setdefault("postgres", []).append(store_write_postgres(args.postgres, episodes))
     med = {k: statistics.median(v) for k, v in res.items()}
     rate = {k: n_actions / med[k] for k in ("store", "submit", "same", "actions")}
     print(f"{args.episodes} episodes x {args.actions} actions, median of {args.repeat} interleaved rounds")
@@ -157,6 +189,9 @@ def main() -> None:
     print(f"  bare sqlite3, action rows only   {rate['actions']:>9,.0f} actions/s")
     print(f"  ratio add_episode / same rows    {rate['store'] / rate['same']:.2f}   (target >= 0.5)")
     print(f"  ratio add_episode / actions only {rate['store'] / rate['actions']:.2f}")
+    if args.postgres:
+        pg = n_actions / statistics.median(res["postgres"])
+        print(f"  TraceStore.add_episode, Postgres {pg:>9,.0f} actions/s")
     print(f"  read back (TraceStore.episodes)  {args.episodes / med['read']:>9,.0f} episodes/s "
           f"({n_actions / med['read']:,.0f} actions/s)")
 
