@@ -252,3 +252,23 @@ def test_in_process_publisher(tiny_model_dir, setup):
         assert engine.adapters()["planner"][0] == 5
     finally:
         engine.close()
+
+
+def test_cli_promote_and_rollback_swap_the_live_server(server, setup, tiny_model_dir, capsys):
+    from marft_bridge.cli import main as marft
+
+    reg, expected, tmp = setup
+    args = ["--registry", str(reg.root), "--server", server.url, "--api-key", KEY]
+    before = reg.current("planner")
+    target = 3 if before != 3 else 4
+    assert marft(["adapters", "promote", "planner", str(target), *args]) == 0
+    assert _planner_output(server) == (target, expected[("planner", target)])
+    assert marft(["adapters", "rollback", "planner", *args]) == 0
+    assert _planner_output(server) == (before, expected[("planner", before)])
+    # A version the server refuses: one-line error, registry and server unchanged.
+    capsys.readouterr()
+    r16 = reg.publish("planner", make_random_adapter(tiny_model_dir, tmp / "r16b", seed=9, rank=16))
+    assert marft(["adapters", "promote", "planner", str(r16), *args]) == 1
+    assert "max-lora-rank" in capsys.readouterr().err
+    assert reg.current("planner") == before
+    assert _planner_output(server) == (before, expected[("planner", before)])
