@@ -144,3 +144,16 @@ def test_cli_publish_promote_rollback_list(tmp_path, adapter_dir, capsys):
     assert marft(["adapters", "publish", "planner", str(tmp_path / "nope"), "--registry", reg]) == 1
     assert "does not exist" in capsys.readouterr().err
     assert marft(["adapters", "publish", "planner", str(adapter_dir), "--registry", reg, "--metric", "x"]) == 1
+
+
+def test_concurrent_publish_and_promote(tmp_path, adapter_dir):
+    from concurrent.futures import ThreadPoolExecutor
+
+    reg = AdapterRegistry(tmp_path / "reg")
+    with ThreadPoolExecutor(8) as pool:
+        versions = list(pool.map(lambda _: reg.publish("planner", adapter_dir), range(8)))
+    assert sorted(versions) == list(range(1, 9))  # every publisher got its own version directory
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda v: reg.promote("planner", v), versions))
+    state = json.loads((reg.root / "planner" / "state.json").read_text())
+    assert sorted(state["history"]) == list(range(1, 9)) and state["current"] == state["history"][-1]

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import tempfile
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -198,29 +199,43 @@ class AdapterRegistry:
         """Make ``version`` current. With a publisher, the server loads it first; if it refuses, the
         registry keeps the old current version."""
         path = self.path(agent, version)
-        if publisher is not None:
-            publisher.load(agent, path, version=version)
-        state = self._state(agent)
-        state["current"] = version
-        state["history"].append(version)
-        self._write_state(agent, state)
+        with self._locked(agent):
+            if publisher is not None:
+                publisher.load(agent, path, version=version)
+            state = self._state(agent)
+            state["current"] = version
+            state["history"].append(version)
+            self._write_state(agent, state)
         return version
 
     def rollback(self, agent: str, *, publisher: Publisher | None = None) -> int:
         """Return to the version that was current before the latest promotion, and return it."""
-        state = self._state(agent)
-        history = list(state["history"])
-        if history and history[-1] == state["current"]:
-            history.pop()
-        if not history:
-            raise AdapterError(f"agent {agent!r} has no earlier promoted version to roll back to")
-        previous = history[-1]
-        if publisher is not None:
-            publisher.load(agent, self.path(agent, previous), version=previous)
-        self._write_state(agent, {"current": previous, "history": history})
+        with self._locked(agent):
+            state = self._state(agent)
+            history = list(state["history"])
+            if history and history[-1] == state["current"]:
+                history.pop()
+            if not history:
+                raise AdapterError(f"agent {agent!r} has no earlier promoted version to roll back to")
+            previous = history[-1]
+            if publisher is not None:
+                publisher.load(agent, self.path(agent, previous), version=previous)
+            self._write_state(agent, {"current": previous, "history": history})
         return previous
 
     # -- state file ------------------------------------------------------------------------------
+    @contextmanager
+    def _locked(self, agent: str):
+        """Serialise promote/rollback of one agent across processes (the state is read-modify-write)."""
+        import fcntl
+
+        with open(self.root / check_agent_name(agent) / ".lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
     def _state(self, agent: str) -> dict:
         p = self.root / check_agent_name(agent) / STATE_FILE
         if not p.is_file():
