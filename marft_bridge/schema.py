@@ -81,7 +81,7 @@ class Output(_Record):
     @field_validator("token_ids")
     @classmethod
     def _non_negative_ids(cls, v: list[int] | None) -> list[int] | None:
-        if v is not None and any(t < 0 for t in v):
+        if v and min(v) < 0:
             raise ValueError("token ids must be >= 0")
         return v
 
@@ -89,7 +89,8 @@ class Output(_Record):
     @classmethod
     def _finite_logprobs(cls, v: list[float] | None) -> list[float] | None:
         # Non-finite behaviour log-probs silently poison PPO ratios (see notes/PEERS.md #6).
-        if v is not None:
+        # C-level scans first (this runs for every stored action); the loop only names the culprit.
+        if v and not (all(map(math.isfinite, v)) and max(v) <= 1e-4):
             for i, x in enumerate(v):
                 if not math.isfinite(x):
                     raise ValueError(f"log-prob {i} is {x}; log-probs must be finite")
