@@ -32,8 +32,10 @@ API
     ``.id``, ``.store``, ``.source``, ``.task``, ``.closed``
     ``record_action(agent, *, kind="llm", step=None, observation=None, output=None,
     sampling=None, policy=None, depends_on=(), error=None, started_at=None, ended_at=None,
-    metadata=None, token_source=None, action_id=None) -> str`` records one Action and returns
-    its id. ``observation``/``output``/``sampling``/``policy`` take schema objects or dicts.
+    metadata=None, token_source=None, action_id=None, validate=True) -> str`` records one Action
+    and returns its id (invalid input raises a pydantic ``ValidationError``; ``validate=False``
+    leaves validation to the store). ``observation``/``output``/``sampling``/``policy`` take
+    schema objects or dicts.
     ``step=None`` means "after everything recorded so far" (max step + 1, or 0). Dependencies on
     unknown ids are dropped and counted as capture errors; a step lower than a dependency's step
     is raised to it (the schema requires deps from the same or an earlier step).
@@ -43,8 +45,9 @@ API
     ``producers_of(texts)``: ids of actions whose output text occurs in one of ``texts`` (a
     message-flow dependency rule for protocols without a graph).
     ``set_task(task)``, ``max_step()``, ``actions()`` (a snapshot), ``last_action_id(agent=None)``,
-    ``activate()``, ``wrap(fn)``, ``finish(status="completed", error=None) -> Episode | None``
-    (idempotent; builds, validates and submits the episode).
+    ``activate()``, ``wrap(fn)``, ``finish(status="completed", error=None)`` (idempotent; submits
+    the episode record to the store, which validates it in its writer thread and dead-letters it
+    with the reason if it is invalid), ``episode`` (the finished ``Episode``, validated on demand).
 
 ``jsonable(obj)``: a JSON-safe copy of an app input/output (what ``Episode.task`` holds).
 
@@ -60,6 +63,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -67,7 +71,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from .schema import Action, Episode, Observation, Output, Policy, Reward, SamplingParams, new_id, utcnow
+from .schema import Action, Episode, Observation, Output, Policy, Reward, SamplingParams, utcnow
 
 log = logging.getLogger("marft_bridge.capture")
 
@@ -176,10 +180,9 @@ def jsonable(obj: Any) -> Any:
         return repr(obj)
 
 
-def _as(model: type, value: Any) -> Any:
-    if value is None or isinstance(value, model):
-        return value
-    return model.model_validate(value)
+def _fast_id() -> str:
+    # 128 random bits as 32 hex digits, like uuid4().hex at a third of the cost (hot capture path).
+    return os.urandom(16).hex()
 
 
 # -- the recorder --------------------------------------------------------------------------------
@@ -197,19 +200,23 @@ class EpisodeRecorder:
         metadata: dict[str, Any] | None = None,
         episode_id: str | None = None,
     ):
-        self.id = episode_id or new_id()
+        self.id = episode_id or _fast_id()
         self._store = store
         self.task = jsonable(task) if task is not None else None
         self.source = source
         self.metadata: dict[str, Any] = dict(metadata or {})
         self.started_at = utcnow()
         self.closed = False
-        self.episode: Episode | None = None
         self._lock = threading.Lock()
-        self._actions: list[Action] = []
-        self._index: dict[str, Action] = {}
+        # Actions are kept as plain dicts; the store validates the finished episode in its writer
+        # thread, so the app's thread pays for neither a second validation nor a model dump.
+        self._actions: list[dict[str, Any]] = []
+        self._index: dict[str, dict[str, Any]] = {}
         self._rewards: list[Reward] = []
         self._errors = 0
+        self._data: dict[str, Any] | None = None
+        self._episode: Episode | None = None
+        self._invalid = False
 
     def __repr__(self) -> str:
         return f"EpisodeRecorder(id={self.id!r}, source={self.source!r}, actions={len(self._actions)})"
@@ -224,7 +231,7 @@ class EpisodeRecorder:
 
     @staticmethod
     def new_action_id() -> str:
-        return new_id()
+        return _fast_id()
 
     def set_task(self, task: Any) -> None:
         if self.task is None and task is not None:
@@ -247,12 +254,21 @@ class EpisodeRecorder:
         metadata: dict[str, Any] | None = None,
         token_source: str | None = None,
         action_id: str | None = None,
+        validate: bool = True,
     ) -> str:
-        """Record one action and return its id (see the module docstring)."""
-        obs = _as(Observation, observation) or Observation()
-        out = _as(Output, output) or Output()
-        samp = _as(SamplingParams, sampling)
-        pol = _as(Policy, policy)
+        """Record one action and return its id (see the module docstring).
+
+        ``validate=False`` skips validation here (the store validates the finished episode); the
+        LangGraph capture uses it on its hot path for data it built itself.
+        """
+        data: dict[str, Any] = {
+            "id": action_id or _fast_id(), "agent": agent, "kind": kind, "token_source": token_source,
+            "error": error, "started_at": started_at, "ended_at": ended_at or utcnow(), "metadata": metadata or {},
+        }
+        for key, value in (("observation", observation), ("output", output), ("sampling", sampling),
+                           ("policy", policy)):
+            if value is not None:
+                data[key] = value.model_dump() if hasattr(value, "model_dump") else value
         with self._lock:
             if self.closed:
                 raise RuntimeError(f"episode {self.id} is already finished")
@@ -264,31 +280,17 @@ class EpisodeRecorder:
                     capture_error("recording.depends_on", LookupError(f"unknown action id {d!r}"), None)
                     self._errors += 1
             if step is None:
-                step = (max(a.step for a in self._actions) + 1) if self._actions else 0
-            dep_step = max((self._index[d].step for d in deps), default=0)
-            if step < dep_step:
-                step = dep_step
-            action = Action(
-                id=action_id or new_id(),
-                agent=agent,
-                step=step,
-                kind=kind,
-                observation=obs,
-                output=out,
-                sampling=samp,
-                policy=pol,
-                depends_on=deps,
-                token_source=token_source,
-                error=error,
-                started_at=started_at,
-                ended_at=ended_at or utcnow(),
-                metadata=metadata or {},
-            )
-            if action.id in self._index:
-                raise ValueError(f"duplicate action id {action.id!r}")
-            self._actions.append(action)
-            self._index[action.id] = action
-            return action.id
+                step = (max(a["step"] for a in self._actions) + 1) if self._actions else 0
+            dep_step = max((self._index[d]["step"] for d in deps), default=0)
+            data["step"] = max(step, dep_step)
+            data["depends_on"] = deps
+            if validate:
+                Action.model_validate(data)  # one pass in pydantic-core; raises RecordError-like errors
+            if data["id"] in self._index:
+                raise ValueError(f"duplicate action id {data['id']!r}")
+            self._actions.append(data)
+            self._index[data["id"]] = data
+            return data["id"]
 
     def reward(
         self,
@@ -306,7 +308,7 @@ class EpisodeRecorder:
             return
         r = Reward(value=value, agent=agent, action_id=action_id, source=source, metadata=metadata or {})
         with self._lock:
-            known = {a.agent for a in self._actions}
+            known = {a["agent"] for a in self._actions}
             if agent is not None and agent not in known:
                 raise ValueError(f"agent {agent!r} has no action in episode {self.id}; known agents: {sorted(known)}")
             if action_id is not None and action_id not in self._index:
@@ -316,31 +318,32 @@ class EpisodeRecorder:
     # -- reading ---------------------------------------------------------------------------------
 
     def actions(self) -> list[Action]:
+        """The recorded actions as validated ``Action`` records."""
         with self._lock:
-            return list(self._actions)
+            raw = list(self._actions)
+        return [Action.model_validate(a) for a in raw]
 
     def get_action(self, action_id: str) -> Action | None:
-        return self._index.get(action_id)
+        raw = self._index.get(action_id)
+        return Action.model_validate(raw) if raw is not None else None
 
     def max_step(self) -> int | None:
         with self._lock:
-            return max((a.step for a in self._actions), default=None)
+            return max((a["step"] for a in self._actions), default=None)
 
     def last_action_id(self, agent: str | None = None) -> str | None:
         with self._lock:
             for a in reversed(self._actions):
-                if agent is None or a.agent == agent:
-                    return a.id
+                if agent is None or a["agent"] == agent:
+                    return a["id"]
         return None
 
     def producers_of(self, texts: Any) -> list[str]:
         """Ids of recorded actions whose non-empty output text occurs in one of ``texts`` (message flow)."""
         texts = [t for t in texts if t]
         with self._lock:
-            return [
-                a.id for a in self._actions
-                if a.output.text.strip() and any(a.output.text.strip() in t for t in texts)
-            ]
+            outs = [(a["id"], str((a.get("output") or {}).get("text") or "").strip()) for a in self._actions]
+        return [aid for aid, out in outs if out and any(out in t for t in texts)]
 
     def _count_error(self, msg: str) -> None:
         with self._lock:
@@ -369,40 +372,46 @@ class EpisodeRecorder:
 
     # -- finishing -------------------------------------------------------------------------------
 
-    def finish(self, status: str = "completed", error: str | None = None) -> Episode | None:
-        """Build, validate and submit the episode once. Returns it, or None when it was invalid."""
+    def finish(self, status: str = "completed", error: str | None = None) -> Episode | dict | None:
+        """Submit the episode once (idempotent). Returns the submitted record.
+
+        Validation happens in the store (a refused episode is dead-lettered there with the reason);
+        ``.episode`` gives the validated ``Episode`` on demand, and listeners receive it.
+        """
         with self._lock:
             if self.closed:
-                return self.episode
+                return self._data
             self.closed = True
             meta = dict(self.metadata)
             if self._errors:
                 meta["capture_errors"] = self._errors
             if error:
                 meta["error"] = error[:2000]
-            actions, rewards = list(self._actions), list(self._rewards)
-        try:
-            ep = Episode(
-                id=self.id,
-                source=self.source,
-                task=self.task,
-                actions=actions,
-                rewards=rewards,
-                status=status,
-                started_at=self.started_at,
-                ended_at=utcnow(),
-                metadata=meta,
-            )
-        except Exception as e:  # noqa: BLE001 - a capture bug must not reach the app
-            capture_error("recording.finish", e)
-            return None
-        self.episode = ep
+            data = {
+                "id": self.id, "source": self.source, "task": self.task, "actions": list(self._actions),
+                "rewards": [r.model_dump() for r in self._rewards], "status": status,
+                "started_at": self.started_at, "ended_at": utcnow(), "metadata": meta,
+            }
+            self._data = data
         with guarded("recording.submit"):
-            self.store.submit(ep)
-        for fn in list(_LISTENERS):
-            with guarded(f"recording.listener {getattr(fn, '__name__', fn)}"):
-                fn(ep)
-        return ep
+            self.store.submit(data)
+        if _LISTENERS:
+            ep = self.episode
+            for fn in list(_LISTENERS) if ep is not None else ():
+                with guarded(f"recording.listener {getattr(fn, '__name__', fn)}"):
+                    fn(ep)
+        return data
+
+    @property
+    def episode(self) -> Episode | None:
+        """The finished episode, validated (None before ``finish`` or when it is invalid)."""
+        if self._episode is None and self._data is not None and not self._invalid:
+            try:
+                self._episode = Episode.model_validate(self._data)
+            except Exception as e:  # noqa: BLE001 - the store refuses and dead-letters it too
+                self._invalid = True
+                capture_error("recording.finish", e)
+        return self._episode
 
 
 # -- context managers ----------------------------------------------------------------------------

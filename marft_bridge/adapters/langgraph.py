@@ -131,7 +131,7 @@ class _Run:
         meta.update(extra_meta or {})
         aid = self.recorder.record_action(
             task.agent, kind=kind, step=task.step, depends_on=self.sorted_ids(deps), started_at=started,
-            metadata=meta, **fields,
+            metadata=meta, validate=False, **fields,
         )
         with self.lock:
             self.order[aid] = len(self.order)
@@ -241,6 +241,7 @@ class CaptureHandler(BaseCallbackHandler):
         self.calls: dict[UUID, _Call] = {}
 
     def new_run(self, task_input: Any) -> _Run:
+        """A run for one graph invocation; ``task_input`` is the raw input (stored JSON-safe)."""
         rec = recording.current_episode()
         owned = rec is None
         if owned:
@@ -253,19 +254,24 @@ class CaptureHandler(BaseCallbackHandler):
 
     def on_chat_model_start(self, serialized: dict, messages: list, *, run_id: UUID, metadata: dict | None = None,
                             **kw: Any) -> None:
-        with guarded("langgraph.chat_model_start"):
-            self._start(serialized, [_message(m) for m in messages[0]] if messages else [], run_id, metadata, kw)
+        try:
+            self._start(serialized, messages[0] if messages else [], run_id, metadata, kw)
+        except Exception as e:  # noqa: BLE001 - capture must not break the app
+            capture_error("langgraph.chat_model_start", e)
 
     def on_llm_start(self, serialized: dict, prompts: list[str], *, run_id: UUID, metadata: dict | None = None,
                      **kw: Any) -> None:
-        with guarded("langgraph.llm_start"):
+        try:
             self._start(serialized, [{"role": "user", "content": prompts[0]}] if prompts else [], run_id, metadata, kw)
+        except Exception as e:  # noqa: BLE001
+            capture_error("langgraph.llm_start", e)
 
-    def _start(self, serialized: dict, messages: list[dict], run_id: UUID, metadata: dict | None, kw: dict) -> None:
+    def _start(self, serialized: dict, messages: list, run_id: UUID, metadata: dict | None, kw: dict) -> None:
         metadata = metadata or {}
         task = self.tasks.get(_task_id(metadata.get("langgraph_checkpoint_ns")))
         if task is None:
             return  # not a call of a run this handler captures
+        messages = [m if isinstance(m, dict) else _message(m) for m in messages]
         params = kw.get("invocation_params") or {}
         model = (params.get("model") or params.get("model_name") or metadata.get("ls_model_name")
                  or (serialized or {}).get("name") or params.get("_type") or "unknown")
@@ -281,13 +287,15 @@ class CaptureHandler(BaseCallbackHandler):
         if call is None:
             return
         self._close_sink(call)
-        with guarded("langgraph.llm_end", call.task.run.recorder):
+        try:
             if call.sink.response is not None:
                 fields = oa.completion_fields(call.sink.request or {}, call.sink.response)
                 fields["observation"]["messages"] = call.messages or fields["observation"]["messages"]
             else:
                 fields = self._fields_from_generation(call, response)
             call.task.run.record(call.task, "llm", fields, call.deps, call.started)
+        except Exception as e:  # noqa: BLE001
+            capture_error("langgraph.llm_end", e, call.task.run.recorder)
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kw: Any) -> None:
         call = self.calls.pop(run_id, None)
@@ -334,7 +342,7 @@ class CaptureHandler(BaseCallbackHandler):
             parent.children.append(st)
             return st
         if self.run is None:  # capture(): every root graph run is a run of its own
-            run = self.new_run(recording.jsonable(loop.input))
+            run = self.new_run(loop.input)
             st = _LoopState(loop, run, None)
             st.is_root = True
             loop.__dict__["_marft_owns_run"] = run
@@ -369,6 +377,8 @@ def _find_handler(loop: Any) -> CaptureHandler | None:
 
 def _state(loop: Any) -> _LoopState | None:
     st = loop.__dict__.get("_marft")
+    if st is False:
+        return None
     if st is None:
         h = _find_handler(loop)
         st = (h.attach(loop) if h is not None else None) or False
@@ -470,22 +480,28 @@ def _patch_pregel() -> None:
     def hooked_tick(self: Any) -> bool:
         more = tick(self)
         if more:
-            with guarded("langgraph.tick"):
+            try:
                 st = _state(self)
                 if st is not None:
                     _register_tasks(st)
+            except Exception as e:  # noqa: BLE001 - capture must not break the app
+                capture_error("langgraph.tick", e)
         return more
 
     def hooked_after_tick(self: Any) -> None:
         st = None
-        with guarded("langgraph.after_tick"):
+        try:
             st = _state(self)
             if st is not None:
                 _apply_writes(st)
+        except Exception as e:  # noqa: BLE001
+            capture_error("langgraph.after_tick", e)
         after_tick(self)
         if st is not None:
-            with guarded("langgraph.after_tick"):
+            try:
                 _drop_cleared(st)
+            except Exception as e:  # noqa: BLE001
+                capture_error("langgraph.after_tick", e)
 
     def hooked_exit(self: Any, exc_type: Any, exc: Any, tb: Any) -> Any:
         try:
@@ -594,8 +610,7 @@ class _Instrumentation:
     def start(self, inputs: Any) -> _Run | None:
         try:
             h = CaptureHandler(self.store, self.reward_fn, self.source, on_finish=self._done)
-            h.run = h.new_run(recording.jsonable(inputs))
-            h.run.input = inputs
+            h.run = h.new_run(inputs)
             return h.run
         except Exception as e:  # noqa: BLE001
             capture_error("langgraph.start", e)

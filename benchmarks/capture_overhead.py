@@ -1,0 +1,128 @@
+"""Capture overhead: a 3-agent LangGraph app with instant fake models, timed plain, instrumented by
+marft_bridge, and instrumented by OpenInference, side by side in one run.
+
+    .venv/bin/python benchmarks/capture_overhead.py [--invokes 300] [--rounds 7]
+
+The three variants are timed in interleaved rounds (the machine is noisy); each reports the
+median per-invoke wall time and process CPU time (all threads) over rounds. marft_bridge writes
+every episode to a real SQLite TraceStore through its background queue: the writer thread runs
+during the timed loop (its CPU is in the CPU column), and what is still queued at the end is
+drained outside the loop and reported apart. OpenInference exports to an in-memory span
+exporter. Targets: our added time at most half of OpenInference's, and at most 15% of plain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import TypedDict
+
+
+def build_app():
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+    from langchain_core.messages import HumanMessage
+    from langgraph.graph import END, START, StateGraph
+
+    class S(TypedDict, total=False):
+        question: str
+        plan: str
+        code: str
+        review: str
+
+    planner = FakeListChatModel(responses=["plan: add the numbers"])
+    coder = FakeListChatModel(responses=["def f(a, b): return a + b"])
+    reviewer = FakeListChatModel(responses=["looks right"])
+
+    g = StateGraph(S)
+    g.add_node("planner", lambda s: {"plan": planner.invoke([HumanMessage(s["question"])]).content})
+    g.add_node("coder", lambda s: {"code": coder.invoke([HumanMessage(s["plan"])]).content})
+    g.add_node("reviewer", lambda s: {"review": reviewer.invoke([HumanMessage(s["code"])]).content})
+    g.add_edge(START, "planner")
+    g.add_edge("planner", "coder")
+    g.add_edge("coder", "reviewer")
+    g.add_edge("reviewer", END)
+    return g.compile()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--invokes", type=int, default=300, help="invokes per variant per round (default 300)")
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
+    args = ap.parse_args()
+
+    from openinference.instrumentation.langchain import LangChainInstrumentor
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import marft_bridge as mb
+    from marft_bridge.recording import capture_stats
+    from marft_bridge.store import TraceStore
+
+    tmp = Path(tempfile.mkdtemp(prefix="marft-bench-"))
+    store = TraceStore.open(tmp / "traces.db", queue_size=100_000)
+    plain_app, ours_app, oi_app = build_app(), mb.instrument(build_app(), store=store), build_app()
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    oi = LangChainInstrumentor()
+    inputs = {"question": "what is 2 + 2?"}
+
+    drains: list[float] = []
+
+    def run(app) -> tuple[float, float]:
+        w0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(args.invokes):
+            app.invoke(inputs)
+        return (time.perf_counter() - w0) / args.invokes, (time.process_time() - c0) / args.invokes
+
+    def timed_ours() -> tuple[float, float]:
+        result = run(ours_app)
+        t0 = time.perf_counter()
+        store.flush()
+        drains.append((time.perf_counter() - t0) / args.invokes)
+        return result
+
+    def timed_oi() -> tuple[float, float]:
+        oi.instrument(tracer_provider=provider)
+        try:
+            return run(oi_app)
+        finally:
+            oi.uninstrument()
+            spans.clear()
+
+    variants = {"plain": lambda: run(plain_app), "marft_bridge": timed_ours, "openinference": timed_oi}
+    for fn in variants.values():  # warm up imports and caches
+        fn()
+    drains.clear()
+    wall: dict[str, list[float]] = {k: [] for k in variants}
+    cpu: dict[str, list[float]] = {k: [] for k in variants}
+    for r in range(args.rounds):
+        for name, fn in variants.items():
+            w, c = fn()
+            wall[name].append(w)
+            cpu[name].append(c)
+        print(f"round {r + 1}/{args.rounds}: " + "  ".join(
+            f"{k} {wall[k][-1] * 1e3:.3f} ms" for k in variants), flush=True)
+
+    print()
+    print(f"per invoke, median of {args.rounds} rounds x {args.invokes} invokes:")
+    print(f"  {'':14s} {'wall ms':>9s} {'cpu ms':>9s}")
+    for k in variants:
+        print(f"  {k:14s} {statistics.median(wall[k]) * 1e3:9.3f} {statistics.median(cpu[k]) * 1e3:9.3f}")
+    for label, table in (("wall", wall), ("cpu", cpu)):
+        med = {k: statistics.median(v) for k, v in table.items()}
+        ours, theirs = med["marft_bridge"] - med["plain"], med["openinference"] - med["plain"]
+        print(f"{label}: added by marft_bridge {ours * 1e3:.3f} ms = {ours / med['plain']:.1%} of plain "
+              f"(target <= 15%); by OpenInference {theirs * 1e3:.3f} ms = {theirs / med['plain']:.1%}; "
+              f"ratio {ours / theirs:.2f} (target <= 0.50)")
+    print(f"queued episode writes drained after each loop: {statistics.median(drains) * 1e3:.3f} ms per episode")
+    print(f"episodes stored: {store.count()}, capture errors: {capture_stats()['errors']}, dropped: {store.dropped}")
+    store.close()
+
+
+if __name__ == "__main__":
+    main()
