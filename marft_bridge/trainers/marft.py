@@ -421,7 +421,8 @@ class MarftTrainer:
         return {"weights": {n: p.detach().clone() for n, p in self._named_weights().items()},
                 "optim": {k: copy.deepcopy(o.state_dict()) for k, o in self._optimizers().items()},
                 "rng": {"gen": self.gen.get_state(), "order_gen": self.order_gen.get_state(),
-                        "torch": torch.get_rng_state()},
+                        "torch": torch.get_rng_state(),
+                        **({"cuda": torch.cuda.get_rng_state()} if self.device.type == "cuda" else {})},
                 "update_count": self.update_count}
 
     def _restore(self, snap: dict, counters: bool = True) -> None:
@@ -434,6 +435,8 @@ class MarftTrainer:
             self.gen.set_state(snap["rng"]["gen"])
             self.order_gen.set_state(snap["rng"]["order_gen"])
             torch.set_rng_state(snap["rng"]["torch"])
+            if "cuda" in snap["rng"] and self.device.type == "cuda":
+                torch.cuda.set_rng_state(snap["rng"]["cuda"])
             self.update_count = snap["update_count"]
 
     def save_checkpoint(self, directory) -> Path:
