@@ -1,0 +1,289 @@
+"""Capture MCP tool use (python SDK ``mcp`` 2.x) on the client and on the server.
+
+Client: ``instrument_client(client, agent=None, store=None)`` wraps one ``mcp.Client``. Inside an
+episode (``marft_bridge.episode(...)`` or a captured LangGraph run) every ``call_tool`` becomes a
+``kind="tool"`` action (an environment step, not trained): the tool name and arguments (in
+``observation`` and ``metadata``), the result text or the error, ``metadata["latency_s"]``. It
+depends on the model call that asked for it (inside a LangGraph node: the node's inputs; else the
+latest ``llm`` action of ``agent``, or of anyone), and the agent's next model call depends on it
+(LangGraph data flow, or the tool result appearing in the next prompt). The client's
+``sampling_callback`` (the server asking the client's model) is recorded as an ``llm`` action of
+``agent``; the tool step then depends on it. Outside an episode nothing is recorded.
+
+Server: ``instrument_server(server, store=None, agent=None)`` appends a middleware to an
+``MCPServer`` that records each ``tools/call`` it serves (agent: the server's name) into the
+caller's episode, from the trace context the instrumented client puts in ``params._meta``
+(``traceparent`` + ``marft/caller``, see ``adapters.propagation``). The server's action depends on
+the client's tool step; the halves are written by different processes and joined in the store.
+Requests without trace context are served and not recorded.
+
+Capture never changes what a call returns or raises: an MCP error result, an exception or a
+server that dies mid-call is recorded as a failed step (``error``) and then returned / raised as
+it would have been.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import recording
+from ..recording import guarded
+from ..schema import utcnow
+from . import propagation as prop
+
+_CALL: contextvars.ContextVar[_ToolCall | None] = contextvars.ContextVar("marft_mcp_call", default=None)
+
+
+@dataclass
+class _ToolCall:
+    step: prop.CallStep
+    sampled: list[str] = field(default_factory=list)
+
+
+def _jsonable(v: Any) -> Any:
+    if hasattr(v, "model_dump"):
+        return v.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return recording.jsonable(v)
+
+
+def result_text(result: Any) -> tuple[str, bool]:
+    """The text of a tool result (model or wire dict) and whether it is an error result."""
+    data = _jsonable(result)
+    if not isinstance(data, dict):
+        return str(data), False
+    texts = [c.get("text", "") for c in data.get("content") or [] if isinstance(c, dict) and c.get("type") == "text"]
+    text = "\n".join(texts)
+    if not text and data.get("structuredContent") is not None:
+        text = json.dumps(data["structuredContent"], sort_keys=True)
+    return text, bool(data.get("isError"))
+
+
+def _tool_fields(name: str, arguments: Any) -> dict[str, Any]:
+    args = _jsonable(arguments or {})
+    call = {"type": "function", "function": {"name": name, "arguments": json.dumps(args, sort_keys=True)}}
+    return {
+        "observation": {"messages": [{"role": "assistant", "content": None, "tool_calls": [call]}]},
+        "metadata": {"mcp.tool": name, "mcp.arguments": args},
+    }
+
+
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+# -- client ----------------------------------------------------------------------------------------
+
+
+def instrument_client(client: Any, agent: str | None = None, store: Any = None) -> Any:
+    """Capture ``client.call_tool`` and its sampling callback; returns the client (see module doc).
+
+    ``agent``: the agent using this client (tool steps and sampling calls are its actions);
+    default: the agent whose model call asked for the tool. ``store``: for episodes the capture
+    opens itself (none: tool calls join the current episode).
+    """
+    if getattr(client, "_marft_mcp", None) is not None:
+        return client
+    orig_call = client.call_tool
+    orig_sampling = client.sampling_callback
+
+    async def call_tool(name: str, arguments: dict[str, Any] | None = None, *args: Any, **kw: Any) -> Any:
+        rec = recording.current_episode()
+        if rec is None:
+            return await orig_call(name, arguments, *args, **kw)
+        call = None
+        with guarded("mcp.call_tool", rec):
+            call = _ToolCall(prop.begin_call(rec, agent))
+            meta = dict(kw.get("meta") or {})
+            prop.inject(meta, call.step.ref)
+            kw["meta"] = meta
+        token = _CALL.set(call)
+        started, t0 = utcnow(), time.perf_counter()
+        try:
+            result = await orig_call(name, arguments, *args, **kw)
+        except BaseException as e:
+            if call is not None:
+                _record_tool_step(call, name, arguments, started, t0, None, _error(e))
+            raise
+        finally:
+            _CALL.reset(token)
+        if call is not None:
+            _record_tool_step(call, name, arguments, started, t0, result, None)
+        return result
+
+    def _record_tool_step(call: _ToolCall, name: str, arguments: Any, started: Any, t0: float, result: Any,
+                          error: str | None) -> None:
+        with guarded("mcp.tool_step", call.step.recorder):
+            fields = _tool_fields(name, arguments)
+            text, is_error = result_text(result) if result is not None else ("", False)
+            fields["metadata"]["latency_s"] = time.perf_counter() - t0
+            fields["metadata"]["mcp.server"] = _server_name(client)
+            if is_error and error is None:
+                error = text or "tool returned isError"
+            who = agent or _dep_agent(call.step) or "mcp_client"
+            call.step.record(who, "tool", extra_deps=call.sampled, started_at=started, output={"text": text},
+                             error=error, **fields)
+
+    async def sampling_callback(context: Any, params: Any) -> Any:
+        call = _CALL.get()
+        rec = call.step.recorder if call is not None else recording.current_episode()
+        started = utcnow()
+        result = await orig_sampling(context, params)
+        if rec is not None:
+            with guarded("mcp.sampling", rec):
+                aid = _record_sampling(rec, call, params, result, started)
+                if call is not None:
+                    call.sampled.append(aid)
+        return result
+
+    def _record_sampling(rec: Any, call: _ToolCall | None, params: Any, result: Any, started: Any) -> str:
+        p = _jsonable(params)
+        msgs = [{"role": "system", "content": p["systemPrompt"]}] if p.get("systemPrompt") else []
+        for m in p.get("messages") or []:
+            c = m.get("content")
+            blocks = c if isinstance(c, list) else [c]
+            text = "\n".join(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text")
+            msgs.append({"role": m.get("role", "user"), "content": text})
+        fields: dict[str, Any] = {
+            "observation": {"messages": msgs},
+            "sampling": {"temperature": p.get("temperature"), "max_tokens": p.get("maxTokens"),
+                         "stop": p.get("stopSequences")},
+            "started_at": started,
+            "metadata": {"mcp.sampling": True},
+        }
+        r = _jsonable(result)
+        if isinstance(r, dict) and "content" in r:
+            c = r["content"]
+            blocks = c if isinstance(c, list) else [c]
+            fields["output"] = {"text": "\n".join(b.get("text", "") for b in blocks if isinstance(b, dict)
+                                                  and b.get("type") == "text"), "finish_reason": r.get("stopReason")}
+            if r.get("model"):
+                fields["policy"] = {"name": str(r["model"])}
+        else:
+            fields["error"] = str(r.get("message") if isinstance(r, dict) else r)
+        who = agent or (_dep_agent(call.step) if call is not None else None) or "mcp_client"
+        if call is not None:
+            return rec.record_action(who, kind="llm", step=call.step.step, depends_on=call.step.depends_on, **fields)
+        return rec.record_action(who, kind="llm", **fields)
+
+    client.call_tool = call_tool
+    if orig_sampling is not None:
+        client.sampling_callback = sampling_callback
+        session = getattr(client, "_session", None)
+        if session is not None and getattr(session, "_sampling_callback", None) is orig_sampling:
+            session._sampling_callback = sampling_callback
+    client._marft_mcp = {"call_tool": orig_call, "sampling_callback": orig_sampling}
+    return client
+
+
+def uninstrument_client(client: Any) -> Any:
+    orig = getattr(client, "_marft_mcp", None)
+    if orig is None:
+        return client
+    del client.call_tool
+    if orig["sampling_callback"] is not None:
+        session = getattr(client, "_session", None)
+        if session is not None and getattr(session, "_sampling_callback", None) is client.sampling_callback:
+            session._sampling_callback = orig["sampling_callback"]
+        client.sampling_callback = orig["sampling_callback"]
+    client._marft_mcp = None
+    return client
+
+
+def _dep_agent(step: prop.CallStep) -> str | None:
+    if step.task is not None:
+        return step.task.agent
+    for d in step.depends_on:
+        a = step.recorder.get_action(d)
+        if a is not None:
+            return a.agent
+    return None
+
+
+def _server_name(client: Any) -> str | None:
+    try:
+        info = client.server_info
+        return info.name if info is not None else None
+    except Exception:  # noqa: BLE001 - not connected yet
+        return None
+
+
+# -- server ----------------------------------------------------------------------------------------
+
+
+class CaptureMiddleware:
+    """``MCPServer`` middleware recording the ``tools/call`` requests it serves (see module doc)."""
+
+    def __init__(self, agent: str, store: Any = None):
+        self.agent = agent
+        self.store = store
+
+    async def __call__(self, ctx: Any, call_next: Any) -> Any:
+        if ctx.method != "tools/call":
+            return await call_next(ctx)
+        caller = None
+        with guarded("mcp.server.extract"):
+            caller = prop.extract(ctx.meta)
+        if caller is None:
+            return await call_next(ctx)
+        rec = None
+        with guarded("mcp.server.open"):
+            rec = prop.callee_recorder(self.store, caller, source="mcp", metadata={"mcp.server": self.agent})
+        if rec is None:
+            return await call_next(ctx)
+        params = ctx.params or {}
+        started, t0 = utcnow(), time.perf_counter()
+        try:
+            with rec.activate():
+                result = await call_next(ctx)
+        except BaseException as e:
+            self._record(rec, params, started, t0, None, _error(e))
+            raise
+        if _input_required(result):
+            # An intermediate round (the server asks the client's model first): the retried
+            # request records the call when it completes.
+            with guarded("mcp.server.round", rec):
+                if rec.actions():
+                    rec.finish()
+            return result
+        self._record(rec, params, started, t0, result, None)
+        return result
+
+    def _record(self, rec: Any, params: Any, started: Any, t0: float, result: Any, error: str | None) -> None:
+        with guarded("mcp.server.record", rec):
+            name = str(params.get("name"))
+            fields = _tool_fields(name, params.get("arguments"))
+            fields["metadata"]["latency_s"] = time.perf_counter() - t0
+            text, is_error = result_text(result) if result is not None else ("", False)
+            if is_error and error is None:
+                error = text or "tool returned isError"
+            inner = [a.id for a in rec.actions()]
+            rec.record_action(self.agent, kind="tool", depends_on=inner, started_at=started, output={"text": text},
+                              error=error, **fields)
+            rec.finish("failed" if error else "completed")
+
+
+def _input_required(result: Any) -> bool:
+    if type(result).__name__ == "InputRequiredResult":
+        return True
+    return isinstance(result, dict) and ("inputRequests" in result or result.get("resultType") == "input_required")
+
+
+def instrument_server(server: Any, store: Any = None, agent: str | None = None) -> Any:
+    """Record the tool calls an ``MCPServer`` serves; returns the server. ``agent`` defaults to its name."""
+    if any(isinstance(m, CaptureMiddleware) for m in server.middleware):
+        return server
+    server.middleware.append(CaptureMiddleware(agent or server.name, store))
+    return server
+
+
+def uninstrument_server(server: Any) -> Any:
+    server.middleware[:] = [m for m in server.middleware if not isinstance(m, CaptureMiddleware)]
+    return server
+
+
+__all__ = ["CaptureMiddleware", "instrument_client", "instrument_server", "result_text",
+           "uninstrument_client", "uninstrument_server"]

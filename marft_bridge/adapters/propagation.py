@@ -1,0 +1,324 @@
+"""Cross-process joins: the trace context a call carries, and the callee's half of an episode.
+
+A caller (an MCP client, an A2A client) records one *call step* per request: an action of the
+calling agent whose id is reserved before the request goes out. The request carries
+
+- ``traceparent`` (W3C): ``00-<trace id>-<span id>-01``; the trace id is the episode id (a
+  32-hex id as ``schema.new_id`` makes; other ids are hashed) and the span id is the first 16
+  hex digits of the call step's id;
+- ``marft/caller``: ``<episode id> <call step id> <call step's Flex-POMDP step>``, the exact
+  values, because an OpenTelemetry SDK in the app may rewrite ``traceparent``.
+
+The callee (an MCP server middleware, an A2A executor wrapper) records what it does in its own
+``EpisodeRecorder`` under the caller's episode id: its *half*. The halves meet in the store,
+which merges actions written under one episode id (``TraceStore.add_episode``).
+
+Why the callee writes second: the store validates ``depends_on`` against the actions stored so
+far, and the caller's recorder only accepts dependencies on its own actions. So every
+cross-process edge points from the callee to the caller's call step (the callee's work depends
+on the request; the call step holds the reply, and the caller's next actions depend on the call
+step), and the callee's half is written once the call step is stored. ``JoinWriter`` does that
+in a background thread: it writes a half as soon as the caller's call step is in the store, and
+after ``join_timeout`` seconds writes it without the edge (``metadata["unresolved_caller"]``)
+so nothing is lost when the caller never writes its half.
+
+In the callee's half, steps are shifted to start after the call step, its first action depends
+on the call step, and its other actions that depend on nothing captured depend on that first
+action (they started from the request).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import RecordError
+from ..recording import EpisodeRecorder, capture_error
+
+log = logging.getLogger("marft_bridge.capture")
+
+CALLER_KEY = "marft/caller"
+_HEX32 = re.compile(r"^[0-9a-f]{32}$")
+_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
+
+
+@dataclass(frozen=True)
+class CallerRef:
+    """Which action of which episode a request came from."""
+
+    episode_id: str
+    action_id: str | None = None
+    step: int = 0
+
+
+def trace_id(episode_id: str) -> str:
+    """The W3C trace id of an episode (the id itself when it is 32 hex digits)."""
+    return episode_id if _HEX32.match(episode_id) else hashlib.sha256(episode_id.encode()).hexdigest()[:32]
+
+
+def span_id(action_id: str) -> str:
+    h = action_id if re.match(r"^[0-9a-f]{16}", action_id) else hashlib.sha256(action_id.encode()).hexdigest()
+    return h[:16]
+
+
+def inject(carrier: dict[str, Any], ref: CallerRef) -> None:
+    """Write the caller's trace context into a ``_meta`` / metadata dict (in place).
+
+    An existing ``traceparent`` (the app's own OpenTelemetry trace) is left as it is.
+    """
+    if ref.action_id is None:
+        return
+    carrier.setdefault("traceparent", f"00-{trace_id(ref.episode_id)}-{span_id(ref.action_id)}-01")
+    carrier[CALLER_KEY] = f"{ref.episode_id} {ref.action_id} {ref.step}"
+
+
+def extract(carrier: Mapping[str, Any] | None) -> CallerRef | None:
+    """The caller a request names, or None. A bare W3C ``traceparent`` (a caller that marft_bridge
+    does not capture) gives the episode id and no caller action."""
+    if not carrier:
+        return None
+    raw = carrier.get(CALLER_KEY)
+    if isinstance(raw, str):
+        parts = raw.split(" ")
+        if len(parts) == 3 and parts[0] and parts[1] and parts[2].isdigit():
+            return CallerRef(parts[0], parts[1], int(parts[2]))
+    tp = carrier.get("traceparent")
+    if isinstance(tp, str):
+        m = _TRACEPARENT.match(tp.strip().lower())
+        if m and m.group(1) != "0" * 32:
+            return CallerRef(m.group(1))
+    return None
+
+
+def conversation_episode_id(context_id: str) -> str:
+    """A stable episode id for an A2A conversation that arrives without a caller."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"a2a-context:{context_id}").hex
+
+
+# -- the caller's side ---------------------------------------------------------------------------
+
+
+def _langgraph_task() -> Any:
+    import sys
+
+    # Only when the app uses LangGraph: this module must not pull LangChain in by itself.
+    if "marft_bridge.adapters.langgraph" not in sys.modules:
+        return None
+    from . import langgraph as lg
+
+    return lg._current_task()
+
+
+@dataclass
+class CallStep:
+    """A call step being made: its reserved id, its step, what it depends on."""
+
+    recorder: EpisodeRecorder
+    action_id: str
+    step: int
+    depends_on: list[str]
+    task: Any = None  # the LangGraph task it runs in, if any
+
+    @property
+    def ref(self) -> CallerRef:
+        return CallerRef(self.recorder.id, self.action_id, self.step)
+
+    def record(self, agent: str, kind: str, *, extra_deps: Any = (), started_at: Any = None,
+               metadata: dict[str, Any] | None = None, **fields: Any) -> str:
+        """Record the step (after the call) with the given fields."""
+        deps = [*self.depends_on, *extra_deps]
+        t = self.task
+        if t is not None and not t.run.finished:
+            # Inside a LangGraph node: the step is one of the node's actions, so the data the node
+            # writes (the tool result) carries it to the next model call.
+            return t.run.record(t, kind, {**fields, "action_id": self.action_id}, deps, started_at, metadata)
+        return self.recorder.record_action(agent, kind=kind, step=self.step, depends_on=deps, started_at=started_at,
+                                           metadata=metadata, action_id=self.action_id, **fields)
+
+
+def begin_call(recorder: EpisodeRecorder, agent: str | None) -> CallStep:
+    """Reserve a call step in ``recorder``: inside a LangGraph node it depends on the node's inputs
+    and earlier actions; otherwise on the latest model call of ``agent`` (or of anyone)."""
+    t = _langgraph_task()
+    if t is not None and t.run.recorder is recorder:
+        with t.run.lock:
+            deps = t.run.sorted_ids(t.deps | frozenset(t.actions))
+        return CallStep(recorder, recorder.new_action_id(), t.step, deps, t)
+    acts = recorder.actions()
+    dep = next((a for a in reversed(acts) if a.kind == "llm" and (agent is None or a.agent == agent)), None)
+    if dep is None and agent is not None:
+        dep = next((a for a in reversed(acts) if a.kind == "llm"), None)
+    step = dep.step if dep is not None else (max((a.step for a in acts), default=-1) + 1)
+    return CallStep(recorder, recorder.new_action_id(), step, [dep.id] if dep is not None else [])
+
+
+# -- the callee's side ---------------------------------------------------------------------------
+
+
+class CalleeHalfStore:
+    """The store an ``EpisodeRecorder`` of a callee's half writes through: on ``submit`` the half
+    is joined to the caller (see the module docstring) and handed to the ``JoinWriter``."""
+
+    def __init__(self, store: Any, caller: CallerRef | None, writer: JoinWriter):
+        self.store = store
+        self.caller = caller
+        self.writer = writer
+
+    def submit(self, episode: Any) -> None:
+        if hasattr(episode, "model_dump"):
+            data = episode.model_dump(mode="json")
+        else:  # the recorder's raw record: copy what is changed below, never the recorder's own dicts
+            data = dict(episode)
+            data["actions"] = [dict(a, depends_on=list(a.get("depends_on") or ())) for a in data.get("actions") or ()]
+        caller = self.caller
+        acts = data["actions"]
+        if acts:
+            base = caller.step + 1 if caller is not None and caller.action_id else 0
+            shift = max(0, base - min(a["step"] for a in acts))
+            first = acts[0]["id"]
+            for k, a in enumerate(acts):
+                a["step"] += shift
+                if k > 0 and not a["depends_on"]:
+                    a["depends_on"] = [first]
+        if caller is not None and caller.action_id and acts:
+            acts[0]["depends_on"] = [caller.action_id, *acts[0]["depends_on"]]
+            self.writer.write(data, caller.action_id)
+        else:
+            self.writer.write(data, None)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return self.writer.flush(timeout)
+
+    def add_reward(self, *args: Any, **kw: Any) -> Any:
+        self.writer.flush()
+        return self.store.add_reward(*args, **kw)
+
+
+class JoinWriter:
+    """Writes callee halves once the caller's call step is stored (background thread)."""
+
+    def __init__(self, store: Any, join_timeout: float = 120.0, poll: float = 0.1):
+        self.store = store
+        self.join_timeout = join_timeout
+        self.poll = poll
+        self._cond = threading.Condition()
+        self._pending: list[tuple[float, dict, str | None]] = []
+        self._busy = 0
+        self._thread: threading.Thread | None = None
+        self.written = 0
+        self.unresolved = 0
+
+    def write(self, data: dict, caller_action: str | None) -> None:
+        with self._cond:
+            self._pending.append((time.monotonic() + self.join_timeout, data, caller_action))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="marft-join-writer", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every half given so far is written (joined, or unresolved after its timeout)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._pending or self._busy:
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(self.poll if left is None else min(left, self.poll))
+        return True
+
+    def _stored_ids(self, episode_id: str) -> set[str]:
+        self.store.flush()  # a caller in this process may still hold its half in the store's queue
+        if not self.store.has_episode(episode_id):
+            return set()
+        return {a.id for a in self.store.get_episode(episode_id).actions}
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._pending:
+                    self._thread = None
+                    self._cond.notify_all()
+                    return
+                batch, self._pending = self._pending, []
+                self._busy += 1
+            later = []
+            try:
+                for deadline, data, caller_action in batch:
+                    try:
+                        if caller_action is None or caller_action in self._stored_ids(data["id"]):
+                            self._add(data)
+                        elif time.monotonic() >= deadline:
+                            self._add(_without_caller(data, caller_action))
+                            self.unresolved += 1
+                        else:
+                            later.append((deadline, data, caller_action))
+                    except Exception as e:  # noqa: BLE001 - e.g. the database is busy: try again until the deadline
+                        capture_error("join.write", e)
+                        if time.monotonic() < deadline:
+                            later.append((deadline, data, caller_action))
+            finally:
+                with self._cond:
+                    self._pending[:0] = later
+                    self._busy -= 1
+                    self._cond.notify_all()
+            if later:
+                time.sleep(self.poll)
+
+    def _add(self, data: dict) -> None:
+        if self.store.has_episode(data["id"]):
+            # The caller's half owns the episode's task, status and times; a callee half adds actions.
+            for key in ("status", "ended_at", "task"):
+                data[key] = None
+        try:
+            self.store.add_episode(data)
+            self.written += 1
+        except RecordError as e:  # refused and dead-lettered by the store; the app is unaffected
+            capture_error("join.add_episode", e)
+
+
+def _without_caller(data: dict, caller_action: str) -> dict:
+    acts = data["actions"]
+    acts[0]["depends_on"] = [d for d in acts[0]["depends_on"] if d != caller_action]
+    data["metadata"] = {**(data.get("metadata") or {}), "unresolved_caller": caller_action}
+    log.warning("marft: caller action %s of episode %s was not stored in time; its callee half is written "
+                "without that dependency", caller_action, data["id"])
+    return data
+
+
+_WRITERS: dict[int, JoinWriter] = {}
+_WRITERS_LOCK = threading.Lock()
+
+
+def join_writer(store: Any) -> JoinWriter:
+    """The one JoinWriter of a store object in this process."""
+    with _WRITERS_LOCK:
+        w = _WRITERS.get(id(store))
+        if w is None or w.store is not store:
+            w = _WRITERS[id(store)] = JoinWriter(store)
+        return w
+
+
+def callee_recorder(store: Any, caller: CallerRef | None, *, episode_id: str | None = None, source: str,
+                    metadata: dict[str, Any] | None = None) -> EpisodeRecorder:
+    """An ``EpisodeRecorder`` for a callee's half of the caller's episode (or of ``episode_id``)."""
+    from ..recording import _resolve_store
+
+    real = _resolve_store(store)
+    eid = caller.episode_id if caller is not None else episode_id
+    return EpisodeRecorder(CalleeHalfStore(real, caller, join_writer(real)), episode_id=eid, source=source,
+                           metadata=metadata)
+
+
+def flush_joins(store: Any = None, timeout: float | None = None) -> bool:
+    """Wait for the callee halves this process has to write (all stores, or one)."""
+    with _WRITERS_LOCK:
+        writers = [w for w in _WRITERS.values() if store is None or w.store is store]
+    return all(w.flush(timeout) for w in writers)
