@@ -161,8 +161,15 @@ def _resolve_store(store: Any) -> Any:
         return _default_store
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def jsonable(obj: Any) -> Any:
     """A JSON-safe copy of an app's input/output for ``Episode.task`` (messages become role/content)."""
+    if isinstance(obj, _SCALARS):
+        return obj
+    if type(obj) is dict and all(type(k) is str and isinstance(v, _SCALARS) for k, v in obj.items()):
+        return dict(obj)  # the common flat input, without a JSON round trip
     import json
 
     def default(o: Any) -> Any:
@@ -393,8 +400,10 @@ class EpisodeRecorder:
                 "started_at": self.started_at, "ended_at": utcnow(), "metadata": meta,
             }
             self._data = data
-        with guarded("recording.submit"):
+        try:
             self.store.submit(data)
+        except Exception as e:  # noqa: BLE001 - the store must not break the app either
+            capture_error("recording.submit", e)
         if _LISTENERS:
             ep = self.episode
             for fn in list(_LISTENERS) if ep is not None else ():

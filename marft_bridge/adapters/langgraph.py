@@ -40,9 +40,6 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.tracers.context import register_configure_hook
-
 from .. import recording
 from ..recording import EpisodeRecorder, capture_error, guarded
 from ..schema import utcnow
@@ -55,10 +52,15 @@ _ERROR = "__error__"
 _ACCUMULATING = {"BinaryOperatorAggregate", "Topic", "NamedBarrierValue", "NamedBarrierValueAfterFinish"}
 _ENV_OUTPUT_CHARS = 4000
 
+# Config key that marks an instrumented run; "__" keeps it out of checkpoint metadata.
+_MARK = "__marft_capture"
 _CAPTURE_HANDLER: contextvars.ContextVar[CaptureHandler | None] = contextvars.ContextVar(
     "marft_langgraph_capture", default=None
 )
-register_configure_hook(_CAPTURE_HANDLER, inheritable=True)
+# Tasks of captured runs by LangGraph task id, and model calls in flight by LangChain run id.
+# Task ids are unique per checkpoint, namespace and step, so one registry serves every run.
+_TASK_INDEX: dict[str, _Task] = {}
+_CALLS: dict[UUID, _Call] = {}
 
 
 # -- records of one run --------------------------------------------------------------------------
@@ -144,10 +146,10 @@ class _Run:
         self.finished = True
         h = self.handler
         for tid in self.task_ids:
-            h.tasks.pop(tid, None)
+            _TASK_INDEX.pop(tid, None)
         rec = self.recorder
-        with guarded("langgraph.reward_fn", rec):
-            if h.reward_fn is not None and error is None:
+        if h.reward_fn is not None and error is None:
+            with guarded("langgraph.reward_fn", rec):
                 rec.reward(float(h.reward_fn(self.input, output)), source="reward_fn")
         if closed_early:
             rec.metadata["stream_closed_early"] = True
@@ -215,20 +217,13 @@ class _Call:
         self.sink_token = sink_token
 
 
-class CaptureHandler(BaseCallbackHandler):
-    """Receives chat-model events of captured runs; the Pregel hooks feed it tasks.
+class CaptureHandler:
+    """The settings and runs of one ``instrument``-ed call (``run`` set) or one ``capture()`` block.
 
-    One handler per ``instrument``-ed run (``run`` set) or per ``capture()`` block (a run per
-    root graph run).
+    It travels in the run's config (``configurable["__marft_capture"]``) or in the capture
+    block's context; the Pregel hooks find it there. Model calls are seen through class-level
+    hooks on LangChain's callback managers, so capture adds no callback handler to the app.
     """
-
-    run_inline = True  # events arrive in the model's own context, so the raw-response sink lines up
-    raise_error = False
-    ignore_chain = True  # nodes come from the Pregel hooks; chain events would only cost time
-    ignore_agent = True
-    ignore_retriever = True
-    ignore_retry = True
-    ignore_custom_event = True
 
     def __init__(self, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
                  source: str = "langgraph", on_finish: Callable[[EpisodeRecorder], None] | None = None):
@@ -237,8 +232,6 @@ class CaptureHandler(BaseCallbackHandler):
         self.source = source
         self.on_finish = on_finish
         self.run: _Run | None = None
-        self.tasks: dict[str, _Task] = {}
-        self.calls: dict[UUID, _Call] = {}
 
     def new_run(self, task_input: Any) -> _Run:
         """A run for one graph invocation; ``task_input`` is the raw input (stored JSON-safe)."""
@@ -250,93 +243,11 @@ class CaptureHandler(BaseCallbackHandler):
             rec.set_task(task_input)
         return _Run(self, rec, owned, task_input)
 
-    # chat-model events ----------------------------------------------------------------------
-
-    def on_chat_model_start(self, serialized: dict, messages: list, *, run_id: UUID, metadata: dict | None = None,
-                            **kw: Any) -> None:
-        try:
-            self._start(serialized, messages[0] if messages else [], run_id, metadata, kw)
-        except Exception as e:  # noqa: BLE001 - capture must not break the app
-            capture_error("langgraph.chat_model_start", e)
-
-    def on_llm_start(self, serialized: dict, prompts: list[str], *, run_id: UUID, metadata: dict | None = None,
-                     **kw: Any) -> None:
-        try:
-            self._start(serialized, [{"role": "user", "content": prompts[0]}] if prompts else [], run_id, metadata, kw)
-        except Exception as e:  # noqa: BLE001
-            capture_error("langgraph.llm_start", e)
-
-    def _start(self, serialized: dict, messages: list, run_id: UUID, metadata: dict | None, kw: dict) -> None:
-        metadata = metadata or {}
-        task = self.tasks.get(_task_id(metadata.get("langgraph_checkpoint_ns")))
-        if task is None:
-            return  # not a call of a run this handler captures
-        messages = [m if isinstance(m, dict) else _message(m) for m in messages]
-        params = kw.get("invocation_params") or {}
-        model = (params.get("model") or params.get("model_name") or metadata.get("ls_model_name")
-                 or (serialized or {}).get("name") or params.get("_type") or "unknown")
-        with task.run.lock:
-            deps = task.deps | frozenset(task.actions)
-            task.calls += 1
-        sink = oa.RawCall()
-        token = oa.RAW_SINK.set(sink)
-        self.calls[run_id] = _Call(task, deps, messages, params, str(model), sink, token)
-
-    def on_llm_end(self, response: Any, *, run_id: UUID, **kw: Any) -> None:
-        call = self.calls.pop(run_id, None)
-        if call is None:
-            return
-        self._close_sink(call)
-        try:
-            if call.sink.response is not None:
-                fields = oa.completion_fields(call.sink.request or {}, call.sink.response)
-                fields["observation"]["messages"] = call.messages or fields["observation"]["messages"]
-            else:
-                fields = self._fields_from_generation(call, response)
-            call.task.run.record(call.task, "llm", fields, call.deps, call.started)
-        except Exception as e:  # noqa: BLE001
-            capture_error("langgraph.llm_end", e, call.task.run.recorder)
-
-    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kw: Any) -> None:
-        call = self.calls.pop(run_id, None)
-        if call is None:
-            return
-        self._close_sink(call)
-        with guarded("langgraph.llm_error", call.task.run.recorder):
-            fields = {"observation": {"messages": call.messages}, "policy": {"name": call.model},
-                      "sampling": _sampling(call.params), "error": f"{type(error).__name__}: {error}"}
-            call.task.run.record(call.task, "llm", fields, call.deps, call.started)
-
-    @staticmethod
-    def _close_sink(call: _Call) -> None:
-        call.sink.done = True
-        try:
-            oa.RAW_SINK.reset(call.sink_token)
-        except ValueError:  # ended in another context; the done flag already disarms it
-            pass
-
-    @staticmethod
-    def _fields_from_generation(call: _Call, response: Any) -> dict[str, Any]:
-        gen = response.generations[0][0]
-        msg = getattr(gen, "message", None)
-        info = gen.generation_info or {}
-        rmeta = getattr(msg, "response_metadata", None) or {}
-        ids, lps, problem = oa.token_data(info.get("logprobs") or rmeta.get("logprobs"), None)
-        meta = {"token_data_dropped": problem} if problem else {}
-        return {
-            "observation": {"messages": call.messages},
-            "output": {"text": gen.text or "", "token_ids": ids, "logprobs": lps, "tool_calls": _tool_calls(msg),
-                       "finish_reason": info.get("finish_reason") or rmeta.get("finish_reason")},
-            "sampling": _sampling(call.params),
-            "policy": {"name": call.model},
-            "metadata": meta,
-        }
-
     # Pregel loop events -----------------------------------------------------------------------
 
     def attach(self, loop: Any) -> _LoopState | None:
         ns = (loop.config.get("configurable") or {}).get("checkpoint_ns") or ""
-        parent = self.tasks.get(_task_id(ns)) if ns else None
+        parent = _TASK_INDEX.get(_task_id(ns)) if ns else None
         if parent is not None:
             st = _LoopState(loop, parent.run, parent)
             parent.children.append(st)
@@ -360,19 +271,153 @@ def _task_id(ns: str | None) -> str | None:
     return ns.rsplit("|", 1)[-1].rpartition(":")[2] or None
 
 
+# -- model calls: class-level hooks on LangChain's callback managers -----------------------------
+# LangChain calls these for every chat-model/LLM call (invoke, batch, stream, structured output,
+# tool binding), handlers or not; with nothing captured each hook costs one dict check.
+
+
+def _start_calls(manager: Any, serialized: dict, messages: list, managers: list, kw: dict) -> None:
+    meta = manager.metadata or {}
+    task = _TASK_INDEX.get(_task_id(meta.get("langgraph_checkpoint_ns")))
+    if task is None:
+        return
+    params = kw.get("invocation_params") or {}
+    model = str(params.get("model") or params.get("model_name") or meta.get("ls_model_name")
+                or (serialized or {}).get("name") or params.get("_type") or "unknown")
+    single = len(managers) == 1
+    for msgs, rm in zip(messages, managers):
+        with task.run.lock:
+            deps = task.deps | frozenset(task.actions)
+            task.calls += 1
+        sink = oa.RawCall()
+        token = oa.RAW_SINK.set(sink) if single else None  # the raw response pairs with a lone call only
+        converted = [m if isinstance(m, dict) else _message(m) for m in msgs]
+        _CALLS[rm.run_id] = _Call(task, deps, converted, params, model, sink, token)
+
+
+def _safe_start(manager: Any, serialized: dict, messages: list, managers: list, kw: dict) -> None:
+    try:
+        _start_calls(manager, serialized, messages, managers, kw)
+    except Exception as e:  # noqa: BLE001 - capture must not break the app
+        capture_error("langgraph.model_start", e)
+
+
+def _end_call(run_id: UUID, response: Any = None, error: BaseException | None = None) -> None:
+    call = _CALLS.pop(run_id, None)
+    if call is None:
+        return
+    call.sink.done = True
+    if call.sink_token is not None:
+        try:
+            oa.RAW_SINK.reset(call.sink_token)
+        except ValueError:  # ended in another context; the done flag already disarms it
+            pass
+    try:
+        if error is not None:
+            fields = {"observation": {"messages": call.messages}, "policy": {"name": call.model},
+                      "sampling": _sampling(call.params), "error": f"{type(error).__name__}: {error}"}
+        elif call.sink.response is not None:
+            fields = oa.completion_fields(call.sink.request or {}, call.sink.response)
+            fields["observation"]["messages"] = call.messages or fields["observation"]["messages"]
+        else:
+            fields = _fields_from_generation(call, response)
+        call.task.run.record(call.task, "llm", fields, call.deps, call.started)
+    except Exception as e:  # noqa: BLE001
+        capture_error("langgraph.llm_end", e, call.task.run.recorder)
+
+
+def _fields_from_generation(call: _Call, response: Any) -> dict[str, Any]:
+    gen = response.generations[0][0]
+    msg = getattr(gen, "message", None)
+    info = gen.generation_info or {}
+    rmeta = getattr(msg, "response_metadata", None) or {}
+    ids, lps, problem = oa.token_data(info.get("logprobs") or rmeta.get("logprobs"), None)
+    return {
+        "observation": {"messages": call.messages},
+        "output": {"text": gen.text or "", "token_ids": ids, "logprobs": lps, "tool_calls": _tool_calls(msg),
+                   "finish_reason": info.get("finish_reason") or rmeta.get("finish_reason")},
+        "sampling": _sampling(call.params),
+        "policy": {"name": call.model},
+        "metadata": {"token_data_dropped": problem} if problem else {},
+    }
+
+
+def _prompt_messages(prompts: list[str]) -> list[list[dict]]:
+    return [[{"role": "user", "content": p}] for p in prompts]
+
+
+def _patch_langchain() -> None:
+    from langchain_core.callbacks import manager as m
+
+    cm, acm = m.CallbackManager, m.AsyncCallbackManager
+    rm, arm = m.CallbackManagerForLLMRun, m.AsyncCallbackManagerForLLMRun
+    chat, llm, achat, allm = cm.on_chat_model_start, cm.on_llm_start, acm.on_chat_model_start, acm.on_llm_start
+    end, err, aend, aerr = rm.on_llm_end, rm.on_llm_error, arm.on_llm_end, arm.on_llm_error
+
+    def on_chat_model_start(self: Any, serialized: dict, messages: list, run_id: Any = None, **kw: Any) -> Any:
+        managers = chat(self, serialized, messages, run_id, **kw)
+        if _TASK_INDEX:
+            _safe_start(self, serialized, messages, managers, kw)
+        return managers
+
+    def on_llm_start(self: Any, serialized: dict, prompts: list, run_id: Any = None, **kw: Any) -> Any:
+        managers = llm(self, serialized, prompts, run_id, **kw)
+        if _TASK_INDEX:
+            _safe_start(self, serialized, _prompt_messages(prompts), managers, kw)
+        return managers
+
+    async def aon_chat_model_start(self: Any, serialized: dict, messages: list, run_id: Any = None, **kw: Any) -> Any:
+        managers = await achat(self, serialized, messages, run_id, **kw)
+        if _TASK_INDEX:
+            _safe_start(self, serialized, messages, managers, kw)
+        return managers
+
+    async def aon_llm_start(self: Any, serialized: dict, prompts: list, run_id: Any = None, **kw: Any) -> Any:
+        managers = await allm(self, serialized, prompts, run_id, **kw)
+        if _TASK_INDEX:
+            _safe_start(self, serialized, _prompt_messages(prompts), managers, kw)
+        return managers
+
+    def on_llm_end(self: Any, response: Any, **kw: Any) -> None:
+        try:
+            end(self, response, **kw)
+        finally:
+            if _CALLS:
+                _end_call(self.run_id, response)
+
+    def on_llm_error(self: Any, error: BaseException, **kw: Any) -> None:
+        try:
+            err(self, error, **kw)
+        finally:
+            if _CALLS:
+                _end_call(self.run_id, error=error)
+
+    async def aon_llm_end(self: Any, response: Any, **kw: Any) -> None:
+        try:
+            await aend(self, response, **kw)
+        finally:
+            if _CALLS:
+                _end_call(self.run_id, response)
+
+    async def aon_llm_error(self: Any, error: BaseException, **kw: Any) -> None:
+        try:
+            await aerr(self, error, **kw)
+        finally:
+            if _CALLS:
+                _end_call(self.run_id, error=error)
+
+    cm.on_chat_model_start, cm.on_llm_start = on_chat_model_start, on_llm_start
+    acm.on_chat_model_start, acm.on_llm_start = aon_chat_model_start, aon_llm_start
+    rm.on_llm_end, rm.on_llm_error = on_llm_end, on_llm_error
+    arm.on_llm_end, arm.on_llm_error = aon_llm_end, aon_llm_error
+
+
 # -- Pregel loop hooks ---------------------------------------------------------------------------
 
 
 def _find_handler(loop: Any) -> CaptureHandler | None:
-    mgr = getattr(loop, "manager", None)
-    handlers = getattr(mgr, "handlers", None)
-    if handlers is None:
-        cbs = (loop.config or {}).get("callbacks")
-        handlers = getattr(cbs, "handlers", cbs) or []
-    for h in reversed(handlers):
-        if isinstance(h, CaptureHandler):
-            return h
-    return None
+    h = (loop.config.get("configurable") or {}).get(_MARK)
+    return h if isinstance(h, CaptureHandler) else _CAPTURE_HANDLER.get()
 
 
 def _state(loop: Any) -> _LoopState | None:
@@ -388,7 +433,6 @@ def _state(loop: Any) -> _LoopState | None:
 
 def _register_tasks(st: _LoopState) -> None:
     loop, run, parent = st.loop, st.run, st.parent
-    handler = run.handler
     for task in loop.tasks.values():
         if task.id in st.seen:
             continue
@@ -412,7 +456,7 @@ def _register_tasks(st: _LoopState) -> None:
         else:
             agent, step, lg_steps = name, (run.base or 0) + loop.step, [loop.step]
         ns = meta.get("langgraph_checkpoint_ns") or task.id
-        handler.tasks[task.id] = _Task(task.id, run, agent, task.name, step, lg_steps, ns, deps, internal)
+        _TASK_INDEX[task.id] = _Task(task.id, run, agent, task.name, step, lg_steps, ns, deps, internal)
         run.task_ids.append(task.id)
 
 
@@ -435,11 +479,11 @@ def _task_output(st: _LoopState, task: Any, t: _Task) -> frozenset[str]:
 
 
 def _apply_writes(st: _LoopState) -> None:
-    loop, handler = st.loop, st.run.handler
+    loop = st.loop
     st.sends = {}
     written: set[str] = set()
     for task in loop.tasks.values():
-        t = handler.tasks.get(task.id)
+        t = _TASK_INDEX.get(task.id)
         if t is None:
             continue
         out = _task_output(st, task, t)
@@ -468,7 +512,8 @@ _patched: dict[str, Any] = {}
 
 
 def _patch_pregel() -> None:
-    """Hook the Pregel loop once per process; loops of runs nobody captures pay one dict lookup."""
+    """Hook the Pregel loop and LangChain's model-call events once per process; runs nobody
+    captures pay a dict lookup per superstep and per model call."""
     if _patched:
         return
     from langgraph.pregel import _loop
@@ -518,6 +563,7 @@ def _patch_pregel() -> None:
     _patched.update(tick=tick, after_tick=after_tick, exit=sync_exit, aexit=async_exit)
     cls.tick, cls.after_tick = hooked_tick, hooked_after_tick
     sync_cls.__exit__, async_cls.__aexit__ = hooked_exit, hooked_aexit
+    _patch_langchain()
 
 
 def _finish_owned(loop: Any, exc: BaseException | None) -> None:
@@ -534,20 +580,14 @@ def _finish_owned(loop: Any, exc: BaseException | None) -> None:
 
 
 def _current_task() -> _Task | None:
+    if not _TASK_INDEX:
+        return None
     from langchain_core.runnables.config import var_child_runnable_config
 
     cfg = var_child_runnable_config.get()
     if not cfg:
         return None
-    tid = _task_id((cfg.get("metadata") or {}).get("langgraph_checkpoint_ns"))
-    if tid is None:
-        return None
-    cbs = cfg.get("callbacks")
-    handlers = getattr(cbs, "handlers", cbs) or []
-    for h in reversed(handlers):
-        if isinstance(h, CaptureHandler) and tid in h.tasks:
-            return h.tasks[tid]
-    return None
+    return _TASK_INDEX.get(_task_id((cfg.get("metadata") or {}).get("langgraph_checkpoint_ns")))
 
 
 def _current_recorder() -> EpisodeRecorder | None:
@@ -581,22 +621,12 @@ _METHODS = ("invoke", "ainvoke", "stream", "astream")
 
 def _with_handler(config: Any, handler: CaptureHandler) -> dict:
     cfg = dict(config or {})
-    cbs = cfg.get("callbacks")
-    if cbs is None:
-        cfg["callbacks"] = [handler]
-    elif isinstance(cbs, list):
-        cfg["callbacks"] = [*cbs, handler]
-    else:
-        mgr = cbs.copy()
-        mgr.add_handler(handler, inherit=True)
-        cfg["callbacks"] = mgr
+    cfg["configurable"] = {**(cfg.get("configurable") or {}), _MARK: handler}
     return cfg
 
 
 def _has_handler(config: Any) -> bool:
-    cbs = (config or {}).get("callbacks") if isinstance(config, dict) else None
-    handlers = getattr(cbs, "handlers", cbs) or []
-    return any(isinstance(h, CaptureHandler) for h in handlers)
+    return isinstance(config, dict) and _MARK in (config.get("configurable") or {})
 
 
 class _Instrumentation:
@@ -620,8 +650,10 @@ class _Instrumentation:
         self.app.__dict__["last_episode_id"] = rec.id
 
     def finish(self, run: _Run, output: Any = None, error: BaseException | None = None, early: bool = False) -> None:
-        with guarded("langgraph.finish", run.recorder):
+        try:
             run.finish(output, error, early)
+        except Exception as e:  # noqa: BLE001 - capture must not break the app
+            capture_error("langgraph.finish", e, run.recorder)
 
     def install(self) -> None:
         app, orig = self.app, self.originals
