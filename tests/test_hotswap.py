@@ -250,6 +250,7 @@ def test_in_process_publisher(tiny_model_dir, setup):
         with pytest.raises(AdapterError, match="outside the registry"):
             publisher.load("planner", setup[2] / "p0")
         assert engine.adapters()["planner"][0] == 5
+        assert len(engine._peft.peft_config) == 2  # replaced versions were deleted, not kept around
     finally:
         engine.close()
 

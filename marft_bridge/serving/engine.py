@@ -1,12 +1,14 @@
 """The generation engine: one base model, any number of LoRA adapters, batches across adapters.
 
-A single worker thread owns the model. It collects concurrent requests for a few milliseconds,
-runs them as one left-padded batch in which every row uses its own adapter (peft's mixed-batch
-``adapter_names``), and applies adapter loads/unloads only between batches. So a swap is atomic:
-a batch that started on version N finishes on N, and the next batch sees N+1.
+A single worker thread owns the model and runs continuous batching: requests that arrive together
+are prefilled as one left-padded group and merged into the running batch, and every decode step
+runs all rows at once, each row with its own adapter (peft's mixed-batch ``adapter_names``).
+Finished rows leave after each step.
 
-Each loaded version gets its own internal peft adapter name (``<agent>@v<N>``); a swap loads the
-new one, flips the route, then deletes the old one, so nothing is overwritten in place.
+A request's adapter version is bound when it joins the batch and never changes. Each loaded version
+gets its own internal peft adapter name (``<agent>@v<N>#k``): a swap, applied between decode steps,
+loads the new version and flips the route, so later requests get it, while requests in flight keep
+the old weights until they finish; only then is the old version deleted.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ..errors import MarftError
 from .adapter_files import AdapterError, base_fingerprint, check_against_base, inspect_adapter
 
 BASE_ROW = "__base__"  # peft's name for "no adapter" in a mixed batch
+_WAKE = object()  # queued with each swap so an idle worker wakes up to run it
 
 
 class UnknownAdapter(MarftError):
@@ -122,13 +125,15 @@ class AdapterEngine:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_id = self.tokenizer.eos_token_id
         self._routes: dict[str, _Slot] = {}  # read by request threads, replaced only by the worker
-        self._retired: list[str] = []  # peft refuses to lose its last adapter: delete these later
+        self._retired: list[str] = []  # replaced versions, deleted once no request uses them
+        self._batch: _Batch | None = None  # the running batch, owned by the worker thread
         self._counter = itertools.count(1)
-        self._queue: queue.Queue = queue.Queue()
+        self._queue: queue.Queue = queue.Queue()  # requests (and wake-ups)
+        self._ops: queue.Queue = queue.Queue()  # swaps: never stuck behind requests when the batch is full
         self._stop = threading.Event()
         self._worker = threading.Thread(target=self._run, name="marft-engine", daemon=True)
         self._worker.start()
-        self.stats = {"batches": 0, "rows": 0}
+        self.stats = {"batches": 0, "rows": 0, "steps": 0}
 
     # -- adapters --------------------------------------------------------------------------------
     def adapters(self) -> dict[str, tuple[int | None, str]]:
@@ -163,7 +168,7 @@ class AdapterEngine:
         )
         if name in self._routes and not load_inplace:
             raise AdapterError(f"adapter {name!r} is already loaded; pass load_inplace=true to replace it")
-        return self._between_batches(lambda: self._do_load(name, str(path), version, load_inplace))
+        return self._between_steps(lambda: self._do_load(name, str(path), version, load_inplace))
 
     def load_current(self) -> dict[str, str]:
         """Load the current version of every agent in the registry; returns agent -> "v<N>" or the
@@ -183,11 +188,13 @@ class AdapterEngine:
     def unload_adapter(self, name: str) -> None:
         if name not in self._routes:
             raise UnknownAdapter(f"adapter {name!r} is not loaded")
-        self._between_batches(lambda: self._do_unload(name))
+        self._between_steps(lambda: self._do_unload(name))
 
-    def _between_batches(self, op: Callable[[], Any]) -> Any:
+    def _between_steps(self, op: Callable[[], Any]) -> Any:
+        """Run ``op`` on the worker thread between two decode steps and return its result."""
         fut: Future = Future()
-        self._queue.put((op, fut))
+        self._ops.put((op, fut))
+        self._queue.put(_WAKE)  # an idle worker waits on the request queue
         return fut.result()
 
     def _do_load(self, name: str, path: str, version: int | None, load_inplace: bool) -> int | None:
@@ -227,12 +234,19 @@ class AdapterEngine:
         if self._peft is None or internal not in self._peft.peft_config:
             return
         self._retired.append(internal)
+        self._collect_retired()
+
+    def _collect_retired(self) -> None:
+        """Delete replaced adapter versions once no running request uses them."""
         live = {s.internal for s in self._routes.values()}
+        in_use = {r.slot.internal for r in self._batch.rows if r.slot} if self._batch else set()
         if not live:
-            return  # keep the last one until another adapter arrives
+            return  # peft cannot lose its last adapter: keep it until another one arrives
         # Point peft's "active" adapter at a live one first, so no deletion hits the active one.
         self._peft.base_model.set_adapter(sorted(live)[0])
         for old in list(self._retired):
+            if old in in_use:
+                continue
             if old in self._peft.peft_config:
                 self._peft.delete_adapter(old)
             self._retired.remove(old)
@@ -284,29 +298,53 @@ class AdapterEngine:
 
         with torch.inference_mode():
             while not self._stop.is_set():
-                item = self._queue.get()
-                if item is None:
-                    break
-                batch, ops = [], []
-                (ops if isinstance(item, tuple) else batch).append(item)
-                deadline = time.monotonic() + self.batch_wait_s
-                # Collect concurrent requests for a few ms (swap requests arriving meanwhile wait for it).
-                while batch and len(batch) < self.max_batch_size:
-                    try:
-                        nxt = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                    except queue.Empty:
-                        break
-                    if nxt is None:
-                        self._stop.set()
-                        break
-                    (ops if isinstance(nxt, tuple) else batch).append(nxt)
-                for op, fut in ops:  # swaps happen here, between batches
+                new = self._gather()
+                while not self._ops.empty():  # swaps happen here, between decode steps
+                    op, fut = self._ops.get()
                     try:
                         fut.set_result(op())
                     except BaseException as e:  # noqa: BLE001 - handed to the caller
                         fut.set_exception(e)
-                if batch:
-                    self._generate(batch)
+                try:
+                    if self._batch is not None:
+                        self._decode_step()
+                    if new:
+                        self._admit(new)
+                except Exception as e:  # noqa: BLE001 - fail the running requests, keep the worker alive
+                    for req in [r.req for r in self._batch.rows] if self._batch else []:
+                        _emit(req, "error", e)
+                    for req in new:
+                        _emit(req, "error", e)
+                    self._batch = None
+                self._retire_finished()
+
+    def _gather(self) -> list[GenerationRequest]:
+        """New requests. Idle: wait for a request (or a swap), then collect others for
+        ``batch_wait_s``. Busy: take what is queued without waiting, up to the batch size."""
+        new = []
+        room = self.max_batch_size - (len(self._batch.rows) if self._batch else 0)
+
+        def take(item) -> None:
+            if item is None:
+                self._stop.set()
+            elif item is not _WAKE:
+                new.append(item)
+
+        if self._batch is None:
+            take(self._queue.get())
+            deadline = time.monotonic() + self.batch_wait_s
+            while new and len(new) < room and not self._stop.is_set():
+                try:
+                    take(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    break
+        else:
+            while len(new) < room and not self._stop.is_set():
+                try:
+                    take(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+        return new
 
     def _bind(self, req: GenerationRequest) -> _Slot | None:
         if req.adapter is None or req.adapter == self.base_name:
@@ -316,74 +354,89 @@ class AdapterEngine:
             raise UnknownAdapter(f"The model `{req.adapter}` does not exist.")
         return slot
 
-    def _generate(self, batch: list[GenerationRequest]) -> None:
-        rows, slots = [], []
-        for req in batch:
+    def _forward(self, rows: list[_Row], **inputs):
+        model, kwargs = self._base, {}
+        if self._peft is not None:
+            model = self._peft
+            kwargs["adapter_names"] = [r.slot.internal if r.slot else BASE_ROW for r in rows]
+        return model(use_cache=True, **inputs, **kwargs)
+
+    def _admit(self, new: list[GenerationRequest]) -> None:
+        """Prefill newly arrived requests together (left-padded), sample their first tokens and merge
+        them into the running batch. Their adapter version is fixed here, for their whole life."""
+        import torch
+
+        rows = []
+        for req in new:
             try:
-                slots.append(self._bind(req))
-                rows.append(req)
+                slot = self._bind(req)
             except UnknownAdapter as e:  # unloaded after the request was queued
                 _emit(req, "error", e)
+                continue
+            seed = req.seed if req.seed is not None else random.getrandbits(63)
+            rows.append(_Row(req, slot, _RowState(self.tokenizer, req.stop), torch.Generator().manual_seed(seed)))
+            _emit(req, "start", (slot.name, slot.version) if slot else (self.base_name, None))
         if not rows:
             return
-        for req, slot in zip(rows, slots):
-            _emit(req, "start", (slot.name, slot.version) if slot else (self.base_name, None))
-        try:
-            self._decode(rows, slots)
-        except Exception as e:  # noqa: BLE001 - fail this batch's requests, keep the worker alive
-            for req in rows:
-                _emit(req, "error", e)
+        width = max(len(r.req.prompt_ids) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):  # left padding: every row's next token sits in the last column
+            ids[i, width - len(r.req.prompt_ids) :] = torch.tensor(r.req.prompt_ids)
+            attn[i, width - len(r.req.prompt_ids) :] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        out = self._forward(rows, input_ids=ids, attention_mask=attn, position_ids=pos)
+        self.stats["batches"] += 1
+        self.stats["rows"] += len(rows)
+        group = _Batch(rows, out.past_key_values, attn, pos[:, -1] + 1, self._sample(rows, out.logits[:, -1, :]))
+        self._batch = group if self._batch is None else self._batch.merge(group)
 
-    def _decode(self, rows: list[GenerationRequest], slots: list[_Slot | None]) -> None:
+    def _decode_step(self) -> None:
+        import torch
+
+        b = self._batch
+        b.attn = torch.cat([b.attn, torch.ones((len(b.rows), 1), dtype=torch.long)], dim=1)
+        out = self._forward(b.rows, input_ids=b.last.unsqueeze(1), attention_mask=b.attn,
+                            position_ids=b.pos.unsqueeze(1), past_key_values=b.cache)
+        b.cache = out.past_key_values
+        b.pos = b.pos + 1
+        b.last = self._sample(b.rows, out.logits[:, -1, :])
+        self.stats["steps"] += 1
+
+    def _sample(self, rows: list[_Row], logits):
+        """Sample one token per row with its own settings, emit it, and mark finished rows."""
         import torch
 
         from .sampling import processed_logprobs, sample
 
-        b = len(rows)
-        width = max(len(r.prompt_ids) for r in rows)
-        ids = torch.full((b, width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((b, width), dtype=torch.long)
-        for i, r in enumerate(rows):  # left padding: every row's next token sits in the last column
-            ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            attn[i, width - len(r.prompt_ids) :] = 1
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        kwargs = {}
-        model = self._base
-        if self._peft is not None:
-            model = self._peft
-            kwargs["adapter_names"] = [s.internal if s else BASE_ROW for s in slots]
-        temps = torch.tensor([r.temperature for r in rows], dtype=torch.float32)
-        top_k = torch.tensor([r.top_k for r in rows], dtype=torch.long)
-        top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32)
-        greedy = [r.temperature <= 0 for r in rows]
-        gens = [torch.Generator().manual_seed(r.seed if r.seed is not None else random.getrandbits(63)) for r in rows]
-        states = [_RowState(self.tokenizer, r.stop) for r in rows]
-        cache = None
-        cur = ids
-        self.stats["batches"] += 1
-        self.stats["rows"] += b
-        for step in range(max(r.max_tokens for r in rows)):
-            out = model(input_ids=cur, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True, **kwargs)
-            cache = out.past_key_values
-            logprobs = processed_logprobs(out.logits[:, -1, :], temps, top_k, top_p)
-            tokens = sample(logprobs, greedy, gens)
-            for i, (req, st) in enumerate(zip(rows, states)):
-                if st.finish:
-                    continue
-                tok = int(tokens[i])
-                top = []
-                if req.top_logprobs:
-                    vals, idx = logprobs[i].topk(req.top_logprobs)
-                    top = [(int(t), _finite(float(v))) for v, t in zip(vals, idx)]
-                delta = st.add(tok, float(logprobs[i, tok]), top, tok == self.eos_id, step + 1 >= req.max_tokens)
-                _emit(req, "token", TokenEvent(tok, float(logprobs[i, tok]), top, delta))
-                if st.finish:
-                    _emit(req, "done", st.result(req, slots[i], self.base_name))
-            if all(st.finish for st in states):
-                break
-            cur = tokens.unsqueeze(1)
-            attn = torch.cat([attn, torch.ones((b, 1), dtype=torch.long)], dim=1)
-            pos = pos[:, -1:] + 1
+        temps = torch.tensor([r.req.temperature for r in rows], dtype=torch.float32)
+        top_k = torch.tensor([r.req.top_k for r in rows], dtype=torch.long)
+        top_p = torch.tensor([r.req.top_p for r in rows], dtype=torch.float32)
+        logprobs = processed_logprobs(logits, temps, top_k, top_p)
+        tokens = sample(logprobs, [r.req.temperature <= 0 for r in rows], [r.gen for r in rows])
+        for i, row in enumerate(rows):
+            tok, st, req = int(tokens[i]), row.state, row.req
+            top = []
+            if req.top_logprobs:
+                vals, idx = logprobs[i].topk(req.top_logprobs)
+                top = [(int(t), _finite(float(v))) for v, t in zip(vals, idx)]
+            delta = st.add(tok, float(logprobs[i, tok]), top, tok == self.eos_id, len(st.token_ids) + 1 >= req.max_tokens)
+            _emit(req, "token", TokenEvent(tok, float(logprobs[i, tok]), top, delta))
+            if st.finish:
+                _emit(req, "done", st.result(req, row.slot, self.base_name))
+        return tokens
+
+    def _retire_finished(self) -> None:
+        """Drop finished rows from the running batch, then delete adapter versions no row uses."""
+        b = self._batch
+        if b is not None:
+            keep = [i for i, r in enumerate(b.rows) if not r.state.finish]
+            if not keep:
+                self._batch = None
+            elif len(keep) < len(b.rows):
+                b.select(keep)
+        if self._retired:
+            self._collect_retired()
 
 
 def _finite(x: float) -> float:
@@ -398,6 +451,59 @@ def _emit(req: GenerationRequest, kind: str, payload: Any) -> None:
         req.sink(kind, payload)
     except Exception:  # noqa: BLE001 - a gone client (closed event loop) must not stop the other rows
         req.sink = None
+
+
+@dataclass
+class _Row:
+    req: GenerationRequest
+    slot: _Slot | None  # bound when the request joins the batch; never changes afterwards
+    state: _RowState
+    gen: Any  # torch.Generator
+
+
+class _Batch:
+    """The running batch: rows, their KV cache (left-padded to one length), attention mask,
+    next position ids and the sampled tokens not yet fed to the model."""
+
+    def __init__(self, rows: list[_Row], cache, attn, pos, last):
+        self.rows, self.cache, self.attn, self.pos, self.last = rows, cache, attn, pos, last
+
+    def merge(self, other: _Batch) -> _Batch:
+        import torch
+        import torch.nn.functional as F
+
+        width = max(self.attn.shape[1], other.attn.shape[1])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            # Left-pad the shorter cache with zeros; the attention mask hides them.
+            mine.keys = torch.cat([_pad_left(mine.keys, width, dim=2), _pad_left(theirs.keys, width, dim=2)])
+            mine.values = torch.cat([_pad_left(mine.values, width, dim=2), _pad_left(theirs.values, width, dim=2)])
+        self.attn = torch.cat([F.pad(self.attn, (width - self.attn.shape[1], 0)), F.pad(other.attn, (width - other.attn.shape[1], 0))])
+        self.rows = self.rows + other.rows
+        self.pos = torch.cat([self.pos, other.pos])
+        self.last = torch.cat([self.last, other.last])
+        return self
+
+    def select(self, keep: list[int]) -> None:
+        import torch
+
+        idx = torch.tensor(keep)
+        self.rows = [self.rows[i] for i in keep]
+        self.attn, self.pos, self.last = self.attn[idx], self.pos[idx], self.last[idx]
+        start = int((self.attn.sum(0) > 0).nonzero()[0])  # columns that are padding for every row left
+        self.attn = self.attn[:, start:]
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[idx, :, start:]
+            layer.values = layer.values[idx, :, start:]
+
+
+def _pad_left(t, width: int, dim: int):
+    import torch.nn.functional as F
+
+    missing = width - t.shape[dim]
+    if missing == 0:
+        return t
+    pad = [0, 0] * (t.dim() - dim - 1) + [missing, 0]
+    return F.pad(t, pad)
 
 
 class _RowState:
