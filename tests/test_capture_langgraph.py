@@ -557,3 +557,85 @@ def test_app_errors_propagate_and_episode_is_failed(store):
     ep = stored(store, app)
     assert ep.status == "failed" and "node failed" in ep.metadata["error"]
     assert [a.agent for a in ep.actions] == ["ok"]
+
+
+# -- every chat-model call path ------------------------------------------------------------------
+
+
+def test_streamed_and_tool_calling_calls_are_captured(store):
+    streamer = GenericFakeChatModel(messages=iter([AIMessage("streamed answer")] * 10))
+    tooler = GenericFakeChatModel(messages=iter([AIMessage("", tool_calls=[
+        {"name": "search", "args": {"q": "cats"}, "id": "call_2"}])] * 10))
+
+    class S(TypedDict, total=False):
+        q: str
+        draft: str
+        call: str
+
+    def write(s):  # a node that streams its model's answer
+        return {"draft": "".join(chunk.content for chunk in streamer.stream(s["q"]))}
+
+    def act(s):
+        return {"call": tooler.invoke(s["draft"]).tool_calls[0]["name"]}
+
+    g = StateGraph(S)
+    g.add_node("writer", write)
+    g.add_node("actor", act)
+    g.add_edge(START, "writer")
+    g.add_edge("writer", "actor")
+    app = mb.instrument(g.compile(), store=store)
+    out = app.invoke({"q": "cats?"})
+    assert out["draft"] == "streamed answer" and out["call"] == "search"
+    writer, actor = stored(store, app).actions
+    assert (writer.agent, writer.kind, writer.output.text) == ("writer", "llm", "streamed answer")
+    assert actor.output.tool_calls == [
+        {"id": "call_2", "type": "function", "function": {"name": "search", "arguments": '{"q": "cats"}'}}]
+    assert actor.depends_on == [writer.id]
+
+
+def test_with_structured_output_is_captured(store):
+    from pydantic import BaseModel
+
+    class Plan(BaseModel):
+        steps: list[str]
+
+    class ToolModel(GenericFakeChatModel):
+        def bind_tools(self, tools, **kwargs):
+            return self
+
+    model = ToolModel(messages=iter([AIMessage("", tool_calls=[
+        {"name": "Plan", "args": {"steps": ["a", "b"]}, "id": "c1"}])] * 10))
+
+    class S(TypedDict, total=False):
+        q: str
+        steps: list
+
+    g = StateGraph(S)
+    g.add_node("planner", lambda s: {"steps": model.with_structured_output(Plan).invoke(s["q"]).steps})
+    g.add_edge(START, "planner")
+    app = mb.instrument(g.compile(), store=store)
+    assert app.invoke({"q": "plan it"})["steps"] == ["a", "b"]
+    (a,) = stored(store, app).actions
+    assert a.kind == "llm" and a.output.tool_calls[0]["function"]["name"] == "Plan"
+
+
+def test_checkpointer_threads_and_config_marker_not_persisted(store):
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    saver = InMemorySaver()
+    g = StateGraph(Team)
+    replier = fake("hi there")
+    g.add_node("agent", lambda s: {"messages": [replier.invoke(s["messages"])]})
+    g.add_edge(START, "agent")
+    app = mb.instrument(g.compile(checkpointer=saver), store=store)
+    cfg = {"configurable": {"thread_id": "t1"}}
+    app.invoke({"messages": [HumanMessage("one")]}, cfg)
+    first = app.last_episode_id
+    out = app.invoke({"messages": [HumanMessage("two")]}, cfg)
+    assert [m.content for m in out["messages"]] == ["one", "hi there", "two", "hi there"]
+    assert app.last_episode_id != first
+    second = stored(store, app)
+    assert [m.content for m in second.actions[0].observation.messages] == ["one", "hi there", "two"]
+    for ckpt in saver.list(cfg):
+        assert "__marft_capture" not in ckpt.config["configurable"]
+        assert "__marft_capture" not in (ckpt.metadata or {})

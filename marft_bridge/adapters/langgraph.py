@@ -10,10 +10,11 @@ elsewhere. ``reward_fn(inputs, outputs) -> float`` adds a team reward per run (f
 
 What becomes what:
 - An agent is a node, or the node's ``metadata={"agent_name": ...}``; nodes of subgraphs are
-  named by their path (``"team/researcher"``). Each chat-model call inside a node (LangChain
-  callbacks, so structured output, tool binding and streaming are all seen) is an ``llm``
-  action; a direct ``openai`` client call in a node is one too (see ``adapters.openai``). A node
-  that calls no model is recorded as an ``env`` action (not trained).
+  named by their path (``"team/researcher"``). Each chat-model call inside a node is an ``llm``
+  action: the capture hooks LangChain's callback managers at class level (every call path
+  reports there: invoke, stream, batch, structured output, tool binding) without adding a
+  callback handler to the app. A direct ``openai`` client call in a node is an action too (see
+  ``adapters.openai``). A node that calls no model is recorded as an ``env`` action (not trained).
 - ``Action.step`` is the LangGraph superstep (offset so later runs of one episode come after
   earlier ones); actions of a subgraph take the superstep of the parent node that ran it, and
   the raw steps are kept in ``metadata["langgraph_steps"]``.
