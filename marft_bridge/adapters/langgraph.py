@@ -148,6 +148,9 @@ class _Run:
         h = self.handler
         for tid in self.task_ids:
             _TASK_INDEX.pop(tid, None)
+        if _CALLS:  # model calls that never ended (an abandoned stream): forget them
+            for rid in [rid for rid, c in list(_CALLS.items()) if c.task.run is self]:
+                _CALLS.pop(rid, None)
         rec = self.recorder
         if h.reward_fn is not None and error is None:
             with guarded("langgraph.reward_fn", rec):
