@@ -4,6 +4,7 @@ guards, off-policy weights, checkpoints, CLI."""
 from __future__ import annotations
 
 import logging
+import math
 import string
 from pathlib import Path
 
@@ -309,3 +310,30 @@ def test_cli_train_and_plot(model_dir, tmp_path):
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["train", "--episodes", str(tmp_path / "none.jsonl"), "--base-model", str(model_dir),
                  "--out", str(out)]) == 1
+
+
+@pytest.mark.parametrize("scope", ["episode", "step"])
+def test_factor_m_in_the_update(model_dir, scope):
+    """M after an update = product over the already-updated agents' actions of exp(new - proximal)."""
+    env = make_env()
+    cfg = MarftConfig(**{**FAST, "factor_scope": scope, "agent_order": "dependency"})
+    tr = MarftTrainer(cfg, model_dir, agents=["a", "b"])
+    eps = env(RolloutPolicy(tr), 8, 13)
+    prox = [a.output.logprobs[0] for e in eps for a in e.actions if a.agent == "a"]  # sampled = proximal
+    m = tr.train_on(eps)
+    assert m["agent_order"] == ["a", "b"]
+    new = [tr._forward("agent_a", ss, grad=False)[0] for ss in
+           [[_sample(e.actions[0])] for e in eps]]
+    if scope == "step":  # a (step 0) and b (step 1) never share a step: M only ever holds a's keys
+        assert set(tr.last_factor) == {(i, 0) for i in range(8)}
+    expect = {i: math.exp(float(n[0]) - p) for i, (n, p) in enumerate(zip(new, prox))}
+    got = {k[0]: v for k, v in tr.last_factor.items()}
+    assert got == pytest.approx(expect, rel=1e-4)
+    assert any(abs(v - 1) > 1e-3 for v in got.values())
+
+
+def _sample(action):
+    from marft_bridge.trainers.batch import Sample
+
+    return Sample(0, "e", action.id, action.agent, action.step, action.observation.prompt_token_ids,
+                  action.output.token_ids, None, action.sampling.temperature)

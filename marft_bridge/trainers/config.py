@@ -22,6 +22,9 @@ class MarftConfig(BaseModel):
     # Algorithm.
     mode: Literal["marft_a", "marft_t", "single_agent"] = "marft_a"
     agent_order: Literal["random", "dependency"] = "random"
+    # Samples that share the factor M: one episode (a joint decision; captured LangGraph traces put
+    # dependent agents in consecutive supersteps, so "step" would rarely link them), or one step.
+    factor_scope: Literal["episode", "step"] = "episode"
     logprob_reduction: Literal["sum", "mean"] = "sum"  # MARFT-A action log-prob from token log-probs
     gamma: float = Field(0.99, ge=0, le=1)  # discount per hop between actions
     gae_lambda: float = Field(0.95, ge=0, le=1)

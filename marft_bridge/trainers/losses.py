@@ -7,7 +7,7 @@ sampled the trace (``beh``) and the reference (``ref``, adapter disabled):
     ratio_s  = exp(new_s - prox_s)
     w_s      = min(exp(prox_s - beh_s), cap)                  decoupled PPO behaviour weight
     L_clip   = -mean_s w_s * min(ratio_s M_s A_s, clip(ratio_s, 1-eps, 1+eps) M_s A_s)
-    M        <- M * exp(new - prox) of the agents already updated at the same (episode, step)
+    M        <- M * exp(new - prox) of the agents already updated in the same episode (or step)
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def normalize(adv: torch.Tensor) -> torch.Tensor:
 
 
 def fold_factor(m: dict, keys: list, new_logp: torch.Tensor, prox_logp: torch.Tensor) -> dict:
-    """M <- M * exp(new - prox) on each sample's (episode, step) key; samples of one key multiply."""
+    """M <- M * exp(new - prox) on each sample's key (episode, or episode and step); ratios of one key multiply."""
     out = dict(m)
     ratios = torch.exp(new_logp.detach().double() - prox_logp.detach().double()).tolist()
     for k, r in zip(keys, ratios):

@@ -8,7 +8,7 @@ One update on a batch of episodes (``MarftTrainer.train_on``):
    trace has none (flagged, treated as on-policy).
 3. GAE over the action sequence (MARFT-A) or the token sequence (MARFT-T).
 4. Sequential trust region: draw an agent order (random, or by dependency); M = 1 per
-   (episode, step). For each agent i_m: ppo_epochs x minibatches of the clipped surrogate on M*A
+   episode (``factor_scope: step``: per (episode, step)). For each agent i_m: ppo_epochs x minibatches of the clipped surrogate on M*A
    with the decoupled behaviour weight, + beta*KL(pi || ref) - c_H*H; then, with no gradient,
    fold its new/proximal ratio into M for the agents after it.
 5. Critic: clipped Huber value loss towards the GAE returns.
@@ -259,7 +259,7 @@ class MarftTrainer:
         factor: dict = {}
         groups = ([(None, list(range(len(S))))] if c.mode == "single_agent" else
                   [(a, [i for i, s in enumerate(S) if s.agent == a]) for a in self._agent_order(batch)])
-        for agent, idx in groups:
+        for g_i, (agent, idx) in enumerate(groups):
             adapter = self.policy.adapters[0] if agent is None else self.policy.adapter_of[agent]
             m["agent_order"].append(agent or adapter)
             params = self.policy.adapter_params(adapter)
@@ -279,7 +279,7 @@ class MarftTrainer:
                     log.warning(msg)
                     m["early_stops"].append({"agent": agent or adapter, "epoch": epoch + 1, "approx_kl": self._mean_all(kls)})
                     break
-            if agent is not None and idx:
+            if agent is not None and idx and g_i + 1 < len(groups):
                 # Fold the updated agent's ratio into M for the agents after it (no gradient).
                 with torch.no_grad():
                     ss = [S[i] for i in idx]
@@ -287,7 +287,7 @@ class MarftTrainer:
                     new_tok = torch.cat([self._forward(adapter, ss[k:k + c.forward_batch_size], grad=False)[0]
                                          for k in range(0, len(ss), c.forward_batch_size)])
                     old = self._reduce(torch.cat([prox[i] for i in idx]), ln)
-                    factor = L.fold_factor(factor, [(s.episode, s.step) for s in ss], self._reduce(new_tok, ln), old)
+                    factor = L.fold_factor(factor, [self._factor_key(s) for s in ss], self._reduce(new_tok, ln), old)
 
         critic = critic_params(self.policy, self.head)
         for _ in range(c.ppo_epochs):
@@ -308,7 +308,11 @@ class MarftTrainer:
         for k, v in acc.items():
             m[k] = self._mean_all(v)
         m["factor_mean"] = (sum(factor.values()) / len(factor)) if factor else 1.0
+        self.last_factor = factor  # diagnostics: M as the last agent in the order saw it
         return m
+
+    def _factor_key(self, s: Sample) -> tuple:
+        return (s.episode,) if self.config.factor_scope == "episode" else (s.episode, s.step)
 
     def _policy_loss(self, adapter, ss, mb, prox, ref, beh, adv_s, factor, token_level):
         c = self.config
@@ -318,7 +322,7 @@ class MarftTrainer:
         ln = [len(s.act_ids) for s in ss]
         prox_tok = torch.cat([prox[i] for i in mb])
         beh_tok = torch.cat([beh[i] for i in mb])
-        mfac = torch.tensor([factor.get((s.episode, s.step), 1.0) for s in ss], dtype=torch.float32, device=self.device)
+        mfac = torch.tensor([factor.get(self._factor_key(s), 1.0) for s in ss], dtype=torch.float32, device=self.device)
         if token_level:
             new, old, b = new_tok, prox_tok, beh_tok
             adv = torch.cat([adv_s[i] for i in mb])
