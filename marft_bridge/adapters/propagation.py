@@ -23,8 +23,8 @@ after ``join_timeout`` seconds writes it without the edge (``metadata["unresolve
 so nothing is lost when the caller never writes its half.
 
 In the callee's half, steps are shifted to start after the call step, its first action depends
-on the call step, and its other actions that depend on nothing captured depend on that first
-action (they started from the request).
+on the call step, its other actions that depend on nothing captured depend on that first action
+(they started from the request), and agents recorded inside an A2A agent are nested under it.
 """
 
 from __future__ import annotations
@@ -166,10 +166,11 @@ class CalleeHalfStore:
     """The store an ``EpisodeRecorder`` of a callee's half writes through: on ``submit`` the half
     is joined to the caller (see the module docstring) and handed to the ``JoinWriter``."""
 
-    def __init__(self, store: Any, caller: CallerRef | None, writer: JoinWriter):
+    def __init__(self, store: Any, caller: CallerRef | None, writer: JoinWriter, nest_under: str | None = None):
         self.store = store
         self.caller = caller
         self.writer = writer
+        self.nest_under = nest_under
 
     def submit(self, episode: Any) -> None:
         if hasattr(episode, "model_dump"):
@@ -183,8 +184,11 @@ class CalleeHalfStore:
             base = caller.step + 1 if caller is not None and caller.action_id else 0
             shift = max(0, base - min(a["step"] for a in acts))
             first = acts[0]["id"]
+            top = self.nest_under
             for k, a in enumerate(acts):
                 a["step"] += shift
+                if top is not None and a["agent"] != top and not a["agent"].startswith(top + "/"):
+                    a["agent"] = f"{top}/{a['agent']}"
                 if k > 0 and not a["depends_on"]:
                     a["depends_on"] = [first]
         if caller is not None and caller.action_id and acts:
@@ -307,13 +311,16 @@ def join_writer(store: Any) -> JoinWriter:
 
 
 def callee_recorder(store: Any, caller: CallerRef | None, *, episode_id: str | None = None, source: str,
-                    metadata: dict[str, Any] | None = None) -> EpisodeRecorder:
-    """An ``EpisodeRecorder`` for a callee's half of the caller's episode (or of ``episode_id``)."""
+                    metadata: dict[str, Any] | None = None, nest_under: str | None = None) -> EpisodeRecorder:
+    """An ``EpisodeRecorder`` for a callee's half of the caller's episode (or of ``episode_id``).
+
+    ``nest_under``: the callee agent; other agents recorded in the half (the nodes of a LangGraph
+    app inside it) are renamed ``"<callee>/<agent>"``."""
     from ..recording import _resolve_store
 
     real = _resolve_store(store)
     eid = caller.episode_id if caller is not None else episode_id
-    return EpisodeRecorder(CalleeHalfStore(real, caller, join_writer(real)), episode_id=eid, source=source,
+    return EpisodeRecorder(CalleeHalfStore(real, caller, join_writer(real), nest_under), episode_id=eid, source=source,
                            metadata=metadata)
 
 

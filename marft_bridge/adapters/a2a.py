@@ -1,0 +1,317 @@
+"""Capture A2A agents (a2a-sdk 1.x, protocol 1.0): a client interceptor and an executor wrapper.
+
+Every A2A agent is an agent of the episode, named by its ``AgentCard``.
+
+Client: ``CaptureInterceptor(agent=None)`` (pass it to ``create_client(..., interceptors=[...])``)
+or ``await connect(url_or_card, agent=..., ...)`` / ``instrument_client(client, agent=...)``,
+which also records calls that fail in the transport. Inside an episode each ``send_message`` is
+a ``kind="message"`` action of the sending agent (``agent``; inside an A2A agent served with
+``CaptureExecutor``: that agent): the text sent (``observation``), the reply (``output``: the
+reply message, or the task's status message and artifacts), and in ``metadata`` the receiver
+(``a2a.to``), ``a2a.task_id``, ``a2a.context_id``, ``a2a.state``, ``latency_s``. It depends on
+the sender's latest model call (inside a LangGraph node: on the node's inputs), and the sender's
+next model call depends on it. The message carries the trace context in ``Message.metadata``
+(``traceparent`` + ``marft/caller``).
+
+Server: ``CaptureExecutor(executor, card, store=None)`` wraps an ``AgentExecutor``. Each request
+becomes the receiving agent's half of the caller's episode (see ``adapters.propagation``): an
+``env`` action with the message received (depending on the caller's message action: the
+agent-to-agent edge), whatever the agent records while it works (model calls of a LangGraph app
+inside it, named ``"<agent>/<node>"``, with their own dependencies; messages it sends to further
+agents), and a ``message`` action with its reply. A request without trace context joins the
+episode of its A2A ``context_id`` (one conversation, one episode; ids ``conversation_episode_id``).
+
+Capture never changes what the protocol returns: a malformed message, an executor that raises
+and a server that dies mid-call are recorded as failed steps (``error``), and the caller gets
+what it would have got anyway.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from a2a.client import create_client
+from a2a.client.interceptors import ClientCallInterceptor
+from a2a.server.agent_execution import AgentExecutor
+from a2a.types import TaskState
+from google.protobuf import json_format
+
+from .. import recording
+from ..recording import guarded
+from ..schema import utcnow
+from . import propagation as prop
+
+# The agent a served request belongs to: messages it sends on are that agent's actions.
+_SERVING: contextvars.ContextVar[str | None] = contextvars.ContextVar("marft_a2a_serving", default=None)
+_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("marft_a2a_call", default=None)
+
+_TERMINAL = {"TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELED", "TASK_STATE_REJECTED",
+             "TASK_STATE_INPUT_REQUIRED", "TASK_STATE_AUTH_REQUIRED"}
+_FAILED = {"TASK_STATE_FAILED", "TASK_STATE_REJECTED"}
+_SEND_METHODS = ("send_message", "send_message_streaming")
+
+
+def _state_name(state: int) -> str:
+    return TaskState.Name(state)
+
+
+def _message_text(msg: Any) -> str:
+    return "\n".join(p.text for p in msg.parts if p.HasField("text"))
+
+
+def _metadata(msg: Any) -> dict[str, Any]:
+    return json_format.MessageToDict(msg.metadata) if msg is not None and msg.HasField("metadata") else {}
+
+
+class _Reply:
+    """The reply of an A2A call or the output of a served request, gathered from its events."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.state: str | None = None
+        self.task_id: str | None = None
+        self.context_id: str | None = None
+        self.final = False
+
+    def add(self, event: Any) -> None:
+        """One event: a Message, Task, status or artifact update, or a response holding one."""
+        kind = type(event).__name__
+        if kind in ("StreamResponse", "SendMessageResponse"):
+            which = event.WhichOneof("payload")
+            if which is None:
+                return
+            return self.add(getattr(event, which))
+        if kind == "Message":
+            self.texts.append(_message_text(event))
+            self.task_id = event.task_id or self.task_id
+            self.context_id = event.context_id or self.context_id
+            self.final = True
+        elif kind == "Task":
+            self.task_id, self.context_id = event.id, event.context_id
+            for art in event.artifacts:
+                self.texts.append("\n".join(p.text for p in art.parts if p.HasField("text")))
+            self._status(event.status)
+        elif kind == "TaskStatusUpdateEvent":
+            self.task_id, self.context_id = event.task_id, event.context_id
+            self._status(event.status)
+        elif kind == "TaskArtifactUpdateEvent":
+            self.task_id, self.context_id = event.task_id, event.context_id
+            self.texts.append("\n".join(p.text for p in event.artifact.parts if p.HasField("text")))
+
+    def _status(self, status: Any) -> None:
+        self.state = _state_name(status.state)
+        if status.HasField("message"):
+            text = _message_text(status.message)
+            if text and text not in self.texts:
+                self.texts.append(text)
+        self.final = self.state in _TERMINAL
+
+    @property
+    def text(self) -> str:
+        return "\n".join(t for t in self.texts if t)
+
+    def meta(self) -> dict[str, Any]:
+        return {k: v for k, v in (("a2a.task_id", self.task_id), ("a2a.context_id", self.context_id),
+                                  ("a2a.state", self.state)) if v}
+
+
+# -- client --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Call:
+    step: prop.CallStep
+    agent: str | None
+    to: str
+    sent: str
+    message_id: str
+    started: Any
+    t0: float
+    reply: _Reply = field(default_factory=_Reply)
+    done: bool = False
+
+    def record(self, error: str | None = None) -> None:
+        if self.done:
+            return
+        self.done = True
+        with guarded("a2a.message_step", self.step.recorder):
+            r = self.reply
+            if error is None and r.state in _FAILED:
+                error = f"task {r.state}: {r.text}" if r.text else f"task {r.state}"
+            meta = {"a2a.to": self.to, "a2a.message_id": self.message_id, **r.meta(),
+                    "latency_s": time.perf_counter() - self.t0}
+            who = self.agent or _dep_agent(self.step) or "a2a_client"
+            self.step.record(who, "message", started_at=self.started, error=error, metadata=meta,
+                             observation={"messages": [{"role": "user", "content": self.sent}]},
+                             output={"text": r.text})
+
+
+def _dep_agent(step: prop.CallStep) -> str | None:
+    if step.task is not None:
+        return step.task.agent
+    for d in step.depends_on:
+        a = step.recorder.get_action(d)
+        if a is not None:
+            return a.agent
+    return None
+
+
+class CaptureInterceptor(ClientCallInterceptor):
+    """A2A ``ClientCallInterceptor`` that records each message sent (see the module docstring)."""
+
+    def __init__(self, agent: str | None = None):
+        self.agent = agent
+
+    async def before(self, args: Any) -> None:
+        if args.method not in _SEND_METHODS:
+            return
+        rec = recording.current_episode()
+        if rec is None:
+            return
+        with guarded("a2a.before", rec):
+            agent = self.agent or _SERVING.get()
+            step = prop.begin_call(rec, agent)
+            msg = args.input.message
+            carrier: dict[str, Any] = {}
+            prop.inject(carrier, step.ref)
+            msg.metadata.update(carrier)
+            _CALL.set(_Call(step, agent, args.agent_card.name, _message_text(msg), msg.message_id, utcnow(),
+                            time.perf_counter()))
+
+    async def after(self, args: Any) -> None:
+        if args.method not in _SEND_METHODS:
+            return
+        call = _CALL.get()
+        if call is None or call.done:
+            return
+        with guarded("a2a.after", call.step.recorder):
+            call.reply.add(args.result)
+            if call.reply.final:
+                call.record()
+
+
+def instrument_client(client: Any, agent: str | None = None) -> Any:
+    """Add a ``CaptureInterceptor`` to an a2a ``Client`` and record calls that fail in the transport."""
+    if getattr(client, "_marft_a2a", None) is not None:
+        return client
+    client._interceptors.append(CaptureInterceptor(agent))
+    orig = client.send_message
+
+    async def send_message(request: Any, *args: Any, **kw: Any) -> Any:
+        _CALL.set(None)
+        try:
+            async for event in orig(request, *args, **kw):
+                yield event
+        except BaseException as e:
+            call = _CALL.get()
+            if call is not None and not call.done:
+                call.record(f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            call = _CALL.get()
+            if call is not None and not call.done:
+                # The caller stopped reading before a final event: record what arrived.
+                call.record(None if call.reply.texts else "no final reply received")
+
+    client.send_message = send_message
+    client._marft_a2a = orig
+    return client
+
+
+async def connect(agent_or_url: Any, agent: str | None = None, client_config: Any = None,
+                  interceptors: list | None = None, **kw: Any) -> Any:
+    """``a2a.client.create_client`` with capture installed (``instrument_client``)."""
+    client = await create_client(agent_or_url, client_config, interceptors=list(interceptors or []), **kw)
+    return instrument_client(client, agent)
+
+
+# -- server --------------------------------------------------------------------------------------
+
+
+class _QueueTap:
+    """The executor's event queue, seeing what the agent publishes (everything else passes through)."""
+
+    def __init__(self, queue: Any, reply: _Reply):
+        self._queue = queue
+        self._reply = reply
+
+    async def enqueue_event(self, event: Any) -> None:
+        with guarded("a2a.server.event"):
+            self._reply.add(event)
+        await self._queue.enqueue_event(event)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._queue, name)
+
+
+class CaptureExecutor(AgentExecutor):
+    """Wraps an ``AgentExecutor``: each request is recorded as this agent's half of the episode."""
+
+    def __init__(self, executor: Any, card: Any, store: Any = None):
+        self.executor = executor
+        self.agent = card if isinstance(card, str) else card.name
+        self.store = store
+
+    async def cancel(self, context: Any, event_queue: Any) -> None:
+        await self.executor.cancel(context, event_queue)
+
+    async def execute(self, context: Any, event_queue: Any) -> None:
+        rec = None
+        with guarded("a2a.server.open"):
+            rec = self._open(context)
+        if rec is None:
+            return await self.executor.execute(context, event_queue)
+        reply = _Reply()
+        tap = _QueueTap(event_queue, reply)
+        token = _SERVING.set(self.agent)
+        error = None
+        try:
+            with rec.activate():
+                await self.executor.execute(context, tap)
+        except BaseException as e:
+            error = f"{type(e).__name__}: {e}"
+            raise
+        finally:
+            _SERVING.reset(token)
+            self._close(rec, context, reply, error)
+
+    def _open(self, context: Any) -> Any:
+        msg = context.message
+        caller = prop.extract(_metadata(msg)) or prop.extract(context.metadata)
+        eid = None
+        if caller is None:
+            eid = prop.conversation_episode_id(context.context_id or "")
+        rec = prop.callee_recorder(self.store, caller, episode_id=eid, source="a2a",
+                                   metadata={"a2a.context_id": context.context_id}, nest_under=self.agent)
+        text, err = "", None
+        if msg is None:
+            err = "request has no message"
+        else:
+            text = _message_text(msg)
+            if not text and not len(msg.parts):
+                err = "message has no parts"
+        meta = {"a2a.task_id": context.task_id, "a2a.context_id": context.context_id,
+                "a2a.message_id": msg.message_id if msg is not None else None}
+        # Absolute steps from the start: messages this agent sends on carry their step onwards.
+        step = caller.step + 1 if caller is not None and caller.action_id else 0
+        rec.record_action(self.agent, kind="env", step=step, output={"text": text}, error=err,
+                          metadata={k: v for k, v in meta.items() if v})
+        return rec
+
+    def _close(self, rec: Any, context: Any, reply: _Reply, error: str | None) -> None:
+        with guarded("a2a.server.close", rec):
+            if error is None and reply.state in _FAILED:
+                error = f"task {reply.state}: {reply.text}" if reply.text else f"task {reply.state}"
+            acts = rec.actions()
+            used = {d for a in acts for d in a.depends_on}
+            # The first action (the message received) starts everything else in the half.
+            leaves = [a.id for a in acts[1:] if a.id not in used] or [acts[0].id]
+            rec.record_action(self.agent, kind="message", depends_on=leaves, output={"text": reply.text},
+                              error=error, metadata={"a2a.context_id": context.context_id, **reply.meta()})
+            rec.finish("failed" if error else "completed", error)
+
+
+__all__ = ["CaptureExecutor", "CaptureInterceptor", "connect", "instrument_client"]
