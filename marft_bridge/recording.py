@@ -93,16 +93,24 @@ _STATS = _Stats()
 
 
 def capture_error(where: str, exc: BaseException, recorder: EpisodeRecorder | None = None) -> None:
-    """Log and count a failure inside capture code. Never raises."""
+    """Log and count a failure inside capture code. Never raises.
+
+    The first failure of each kind is logged with its traceback; repeats only every 1000th, so a
+    persistent capture bug cannot flood the app's logs (the counts stay exact).
+    """
     try:
         msg = f"{where}: {type(exc).__name__}: {exc}"
         with _STATS.lock:
             _STATS.errors += 1
             _STATS.by_where[where] += 1
             _STATS.last = msg
+            n = _STATS.by_where[where]
         if recorder is not None:
             recorder._count_error(msg)
-        log.warning("marft capture error (the app is unaffected) in %s", msg, exc_info=exc)
+        if n == 1:
+            log.warning("marft capture error (the app is unaffected) in %s", msg, exc_info=exc)
+        elif n % 1000 == 0:
+            log.warning("marft capture error in %s (%d so far; the app is unaffected)", msg, n)
     except Exception:  # noqa: BLE001 - the error path itself must never raise into the app
         pass
 

@@ -110,3 +110,21 @@ def test_listeners_see_finished_episodes(store):
     finally:
         rec.remove_episode_listener(seen.append)
     assert [e.id for e in seen] == [ep.id]
+
+
+def test_repeated_capture_errors_are_counted_but_logged_once(caplog):
+    rec.reset_capture_stats()
+    with caplog.at_level("WARNING", logger="marft_bridge.capture"):
+        for _ in range(5):
+            rec.capture_error("unit.repeat", RuntimeError("same bug"))
+    assert rec.capture_stats()["by_where"] == {"unit.repeat": 5}
+    assert len([r for r in caplog.records if "unit.repeat" in r.getMessage()]) == 1
+
+
+def test_jsonable_keeps_plain_inputs_and_flattens_messages():
+    from langchain_core.messages import HumanMessage
+
+    flat = {"q": "x", "n": 1}
+    assert rec.jsonable(flat) == flat and rec.jsonable(flat) is not flat
+    assert rec.jsonable({"messages": [HumanMessage("hi")], "tags": {"a"}}) == {
+        "messages": [{"role": "human", "content": "hi"}], "tags": ["a"]}

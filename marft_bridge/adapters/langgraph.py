@@ -166,7 +166,9 @@ class _Run:
 
 # -- message conversion --------------------------------------------------------------------------
 
-_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "function"}
+_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "function",
+          "HumanMessageChunk": "user", "AIMessageChunk": "assistant", "SystemMessageChunk": "system",
+          "ToolMessageChunk": "tool", "FunctionMessageChunk": "function"}
 
 
 def _tool_calls(msg: Any) -> list[dict] | None:
@@ -181,15 +183,18 @@ def _tool_calls(msg: Any) -> list[dict] | None:
 
 
 def _message(m: Any) -> dict[str, Any]:
-    role = _ROLES.get(getattr(m, "type", ""), getattr(m, "role", None) or "user")
+    # Fields are read by message type: a missing attribute on a pydantic message costs microseconds.
+    kind = getattr(m, "type", "")
+    role = _ROLES.get(kind) or (str(getattr(m, "role", "user")) if kind in ("chat", "ChatMessageChunk") else "user")
     out: dict[str, Any] = {"role": role, "content": oa._text(getattr(m, "content", None))}
     if getattr(m, "name", None):
         out["name"] = m.name
-    if getattr(m, "tool_call_id", None):
+    if role == "tool" and getattr(m, "tool_call_id", None):
         out["tool_call_id"] = m.tool_call_id
-    tc = _tool_calls(m) if role == "assistant" else None
-    if tc:
-        out["tool_calls"] = tc
+    elif role == "assistant":
+        tc = _tool_calls(m)
+        if tc:
+            out["tool_calls"] = tc
     return out
 
 
