@@ -639,3 +639,42 @@ def test_checkpointer_threads_and_config_marker_not_persisted(store):
     for ckpt in saver.list(cfg):
         assert "__marft_capture" not in ckpt.config["configurable"]
         assert "__marft_capture" not in (ckpt.metadata or {})
+
+
+def test_other_adapters_record_inside_a_node(store):
+    """What the MCP/A2A adapters do: find the node's episode and record a tool action as its agent."""
+    from marft_bridge.adapters.langgraph import record_in_current_task
+
+    planner = fake("look up cats")
+    seen = {}
+
+    class S(TypedDict, total=False):
+        q: str
+        plan: str
+        facts: str
+
+    def lookup(s):
+        seen["episode"] = recording.current_episode()
+        record_in_current_task({"observation": {"messages": [{"role": "tool", "content": s["plan"]}]},
+                                "output": {"text": "cats are mammals"}}, kind="tool")
+        return {"facts": "cats are mammals"}
+
+    g = StateGraph(S)
+    g.add_node("planner", lambda s: {"plan": planner.invoke(s["q"]).content})
+    g.add_node("lookup", lookup)
+    g.add_edge(START, "planner")
+    g.add_edge("planner", "lookup")
+    app = mb.instrument(g.compile(), store=store)
+    app.invoke({"q": "cats?"})
+    ep = stored(store, app)
+    assert seen["episode"].id == ep.id
+    assert edges(ep) == {"planner@1": ("llm", []), "lookup@2": ("tool", ["planner@1"])}  # no env action
+
+
+def test_capture_inside_an_episode_joins_it(store):
+    with mb.episode(store=store, task="both") as ep:
+        with mb.capture(store=store) as cap:
+            chain_app().invoke({"question": "q"})
+    assert cap.episode_ids == [ep.id]
+    got = stored(store, ep.id)
+    assert got.task == "both" and [a.agent for a in got.actions] == ["planner", "coder", "reviewer"]

@@ -611,15 +611,21 @@ def in_captured_task() -> bool:
     return _current_task() is not None
 
 
-def record_in_current_task(fields: dict[str, Any], started: datetime) -> bool:
-    """Record a direct model call (e.g. the openai client) made inside a captured node."""
+def record_in_current_task(fields: dict[str, Any], started: datetime | None = None, kind: str = "llm") -> bool:
+    """Record an action made inside a captured node as that node's agent (False when not in one).
+
+    For other adapters: a direct ``openai`` call (``kind="llm"``), an MCP tool call
+    (``kind="tool"``), ... ``fields`` are ``record_action`` keyword arguments (observation,
+    output, sampling, policy, token_source, error, metadata). The action gets the node's step and
+    depends on the node's inputs and on its earlier actions.
+    """
     t = _current_task()
     if t is None:
         return False
     with t.run.lock:
         deps = t.deps | frozenset(t.actions)
         t.calls += 1
-    t.run.record(t, "llm", fields, deps, started)
+    t.run.record(t, kind, dict(fields), deps, started)
     return True
 
 
