@@ -1,0 +1,168 @@
+"""MCP capture with a real in-process MCPServer and a real mcp.Client: tool steps, sampling,
+error results, and the server half joined to the client's episode through ``_meta``."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+import marft_bridge as mb
+from marft_bridge.adapters import mcp as cap
+from marft_bridge.adapters import propagation as prop
+from marft_bridge.recording import capture_stats, reset_capture_stats
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mcp_tools"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"mcp_tools_{name}", EXAMPLE / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+server_mod = _load("server")
+run_mod = _load("run")
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = mb.TraceStore.open(tmp_path / "traces.db")
+    yield s
+    s.close()
+
+
+def _by(ep, agent, kind):
+    return [a for a in ep.actions if a.agent == agent and a.kind == kind]
+
+
+def _run_agent(store, server, calls, answer="done"):
+    async def go():
+        from langchain_core.messages import HumanMessage
+        from mcp import Client
+
+        async with Client(server, sampling_callback=run_mod.sampler) as client:
+            cap.instrument_client(client, agent="assistant")
+            app = mb.instrument(run_mod.agent_graph(client, calls, answer), store=store)
+            out = await app.ainvoke({"messages": [HumanMessage("why is the sky blue?")]})
+            return app.last_episode_id, out
+
+    eid, out = asyncio.run(go())
+    store.flush()
+    assert prop.flush_joins(store, timeout=60)
+    return store.get_episode(eid), out
+
+
+def assert_tool_episode(ep):
+    """The exact graph of the example run (add, then summarize with sampling, then the answer)."""
+    assert ep.agents == ["assistant", "tools", "calc"]
+    llm1, sampled, llm2 = _by(ep, "assistant", "llm")
+    add, summ = _by(ep, "tools", "tool")
+    srv_add, srv_summ = _by(ep, "calc", "tool")
+    assert llm1.depends_on == []
+    # The tool step depends on the model call that asked for it ...
+    assert add.depends_on == [llm1.id]
+    assert (add.output.text, add.error) == ("5", None)
+    assert add.metadata["mcp.tool"] == "add" and add.metadata["mcp.arguments"] == {"a": 2, "b": 3}
+    assert add.observation.messages[0].tool_calls[0]["function"]["name"] == "add"
+    # ... the sampling call the server made during `summarize` is the client agent's model call ...
+    assert sampled.metadata["mcp.sampling"] is True
+    assert [(m.role, m.content) for m in sampled.observation.messages] == [
+        ("system", "You summarize."), ("user", "Summarize: why is the sky blue?")]
+    assert sampled.output.text == "why is the sky blue?" and sampled.policy.name == "assistant"
+    assert (sampled.sampling.temperature, sampled.sampling.max_tokens) == (0.0, 32)
+    assert sampled.depends_on == [llm1.id, add.id]
+    assert summ.depends_on == [llm1.id, add.id, sampled.id]
+    assert summ.output.text == "summary: why is the sky blue?"
+    # ... the server's half joins on the client's tool steps ...
+    assert srv_add.depends_on == [add.id] and srv_add.step == add.step + 1 and srv_add.output.text == "5"
+    assert srv_summ.depends_on == [summ.id] and srv_summ.output.text == "summary: why is the sky blue?"
+    # ... and the agent's next model call depends on the tool results.
+    assert llm2.depends_on == [llm1.id, add.id, summ.id]
+    assert llm2.output.text == "2 + 3 = 5"
+    assert ep.status == "completed" and ep.source != "mcp"
+
+
+def test_agent_tool_steps_sampling_and_server_half(store):
+    reset_capture_stats()
+    server = cap.instrument_server(server_mod.build_server(), store=store)
+    calls = [{"name": "add", "args": {"a": 2, "b": 3}, "id": "c1"},
+             {"name": "summarize", "args": {"text": "why is the sky blue?"}, "id": "c2"}]
+    ep, _ = _run_agent(store, server, calls, "2 + 3 = 5")
+    assert_tool_episode(ep)
+    assert capture_stats()["errors"] == 0
+    assert store.count() == 1  # the server's half merged into the client's episode
+
+
+def test_error_results_are_failed_steps_and_reach_the_caller_unchanged(store):
+    server = server_mod.build_server()
+    calls = [{"name": "divide", "args": {"a": 1, "b": 0}, "id": "c1"},
+             {"name": "no_such_tool", "args": {}, "id": "c2"}]
+
+    async def plain():
+        from mcp import Client
+
+        async with Client(server) as client:
+            return [await client.call_tool(c["name"], c["args"]) for c in calls]
+
+    expected = asyncio.run(plain())  # what an uncaptured client gets
+    cap.instrument_server(server, store=store)
+    ep, out = _run_agent(store, server, calls)
+    got = [m.content for m in out["messages"] if m.type == "tool"]
+    assert got == [cap.result_text(r)[0] for r in expected]
+    assert all(r.is_error for r in expected)
+    div, missing = _by(ep, "tools", "tool")
+    srv_div, srv_missing = _by(ep, "calc", "tool")
+    assert div.error == expected[0].content[0].text and div.output.text == div.error
+    assert missing.error == expected[1].content[0].text
+    assert srv_div.depends_on == [div.id] and srv_div.error == div.error
+    assert srv_missing.depends_on == [missing.id] and srv_missing.error == missing.error
+
+
+def test_outside_an_episode_nothing_is_recorded_or_sent(store):
+    server = server_mod.build_server()
+    seen = []
+
+    async def spy(ctx, call_next):
+        seen.append(dict(ctx.meta or {}))
+        return await call_next(ctx)
+
+    cap.instrument_server(server, store=store)
+    server.middleware.insert(0, spy)
+
+    async def go():
+        from mcp import Client
+
+        async with Client(server) as client:
+            cap.instrument_client(client, agent="assistant")
+            return await client.call_tool("add", {"a": 1, "b": 1})
+
+    assert cap.result_text(asyncio.run(go())) == ("2", False)
+    assert prop.flush_joins(store, timeout=30)
+    assert store.count() == 0
+    tools_call = [m for m in seen if m is not None]
+    assert all(prop.CALLER_KEY not in m and "traceparent" not in m for m in tools_call)
+
+
+def test_uninstrument_restores_the_client(store):
+    server = server_mod.build_server()
+
+    async def go():
+        from mcp import Client
+
+        async with Client(server, sampling_callback=run_mod.sampler) as client:
+            cap.instrument_client(client)
+            cap.uninstrument_client(client)
+            assert "call_tool" not in vars(client) and client.sampling_callback is run_mod.sampler
+            with mb.episode(store=store) as ep:
+                await client.call_tool("add", {"a": 1, "b": 2})
+            return ep.id
+
+    eid = asyncio.run(go())
+    store.flush()
+    assert store.get_episode(eid).actions == []
