@@ -1,0 +1,337 @@
+"""Continuous fine-tuning: poll the store → train MARFT → evaluate → gate → publish → watch → roll back.
+
+One ``ContinuousService`` round:
+
+1. Read the store's change log from the saved cursor; collect episodes that carry a reward.
+2. When at least ``min_new_episodes`` have arrived, run ``updates_per_round`` MARFT updates on the
+   newest ``max_train_episodes`` of them, starting from the last *accepted* trainer checkpoint.
+3. Evaluate the candidate adapters and the live ones with the same evaluation function.
+4. Gate: promote (publish to the registry, load into every configured server) only if the
+   candidate is not worse than the live system by more than ``gate_margin``; otherwise discard it
+   and restore the accepted trainer state.
+5. Watch: once ``rollback_window`` rewarded live episodes were produced by the promoted versions
+   (every captured action records the adapter version that produced it), compare their mean reward
+   with the episodes of the previous versions; a drop larger than ``rollback_margin`` rolls every
+   agent back to its previous version.
+
+State (cursor, pending episode ids, versions, the accepted checkpoint) lives in ``state_dir``, so a
+restarted service resumes where it stopped. Every decision is logged with its reason and appended
+to ``state_dir/decisions.jsonl``; ``marft service status`` prints them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import shutil
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import MarftError
+
+log = logging.getLogger("marft_bridge.service")
+
+STATE_FILE = "state.json"
+DECISIONS_FILE = "decisions.jsonl"
+
+
+class PublisherConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["embedded", "vllm"] = "embedded"
+    url: str
+    api_key_env: str | None = "MARFT_API_KEY"  # the key is read from this variable, never stored
+
+
+class ServiceConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    store: str = ".marft/traces.db"
+    base_model: str
+    agents: list[str] = Field(min_length=1)
+    registry: str = ".marft/registry"
+    state_dir: str = ".marft/service"
+    publishers: list[PublisherConfig] = Field(default_factory=list)
+    source: str | None = None  # only episodes of this capture source
+    min_new_episodes: int = Field(32, ge=1)
+    max_train_episodes: int = Field(256, ge=1)
+    updates_per_round: int = Field(1, ge=1)
+    poll_interval_s: float = Field(10.0, gt=0)
+    # "module:function" called as fn(adapters: dict[agent, Path | None]) -> float (higher is better);
+    # None → the mean team reward of recorded held-out episodes, reweighted by the candidate policy.
+    eval_function: str | None = None
+    heldout_fraction: float = Field(0.2, ge=0, lt=1)  # recorded episodes kept out of training for evaluation
+    gate_margin: float = Field(0.0, ge=0)
+    rollback_window: int = Field(32, ge=1)
+    rollback_margin: float = Field(0.05, ge=0)
+    trainer: dict[str, Any] = Field(default_factory=dict)  # MarftConfig fields
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> ServiceConfig:
+        import yaml
+
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise MarftError(f"cannot read service config {path}: {e}") from None
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise MarftError(f"service config {path}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+
+
+class ServiceState(BaseModel):
+    cursor: int = 0
+    round: int = 0
+    pending: list[str] = Field(default_factory=list)  # rewarded episode ids not yet trained on
+    heldout: list[str] = Field(default_factory=list)
+    live_score: float | None = None
+    watch: dict[str, Any] | None = None  # {"versions": {agent: v}, "previous": {agent: v}}
+    decisions: int = 0
+
+
+def heldout(episode_id: str, fraction: float) -> bool:
+    """A stable split by id, so an episode stays on its side across restarts and processes."""
+    import hashlib
+
+    h = int.from_bytes(hashlib.sha256(episode_id.encode()).digest()[:8], "big")
+    return h / 2**64 < fraction
+
+
+def load_function(spec: str) -> Callable:
+    mod, _, name = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(mod), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise MarftError(f"cannot load evaluation function {spec!r}: {e}") from None
+
+
+class ContinuousService:
+    def __init__(self, config: ServiceConfig, *, eval_fn: Callable | None = None, publishers=None):
+        from .serving.publishers import EmbeddedServerPublisher, VLLMPublisher
+        from .serving.registry import AdapterRegistry
+        from .store import TraceStore
+
+        self.config = config
+        self.dir = Path(config.state_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.store = TraceStore.open(config.store)
+        self.registry = AdapterRegistry(config.registry)
+        if publishers is None:
+            kinds = {"embedded": EmbeddedServerPublisher, "vllm": VLLMPublisher}
+            publishers = [kinds[p.kind](p.url, os.environ.get(p.api_key_env) if p.api_key_env else None)
+                          for p in config.publishers]
+        self.publishers = list(publishers)
+        self.eval_fn = eval_fn or (load_function(config.eval_function) if config.eval_function else None)
+        self.state = self._load_state()
+        self._trainer = None
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def _load_state(self) -> ServiceState:
+        p = self.dir / STATE_FILE
+        return ServiceState.model_validate_json(p.read_text()) if p.is_file() else ServiceState()
+
+    def _save_state(self) -> None:
+        p = self.dir / STATE_FILE
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(self.state.model_dump_json(indent=2))
+        os.replace(tmp, p)  # a crash leaves the old state or the new one, never half
+
+    def decide(self, decision: str, reason: str, **details: Any) -> dict:
+        row = {"time": datetime.now(timezone.utc).isoformat(), "round": self.state.round,
+               "decision": decision, "reason": reason, **details}
+        log.info("service %s: %s", decision, reason)
+        with open(self.dir / DECISIONS_FILE, "a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+        self.state.decisions += 1
+        return row
+
+    @property
+    def trainer(self):
+        if self._trainer is None:
+            from .trainers.config import MarftConfig
+            from .trainers.marft import MarftTrainer
+
+            self._trainer = MarftTrainer(MarftConfig(**self.config.trainer), self.config.base_model,
+                                         agents=self.config.agents)
+            ckpt = self.dir / "accepted"
+            if ckpt.is_dir():
+                self._trainer.load_checkpoint(ckpt)
+        return self._trainer
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def poll(self) -> int:
+        """Move the cursor over the change log; return how many rewarded episodes are pending."""
+        cursor, ids = self.store.changed_since(self.state.cursor)
+        known = set(self.state.pending) | set(self.state.heldout)
+        for eid in ids:
+            ep = self.store.get_episode(eid)
+            if not ep.rewards or (self.config.source and ep.source != self.config.source):
+                continue
+            if self.state.watch:
+                self._watch(ep)
+            if eid in known:
+                continue
+            (self.state.heldout if heldout(eid, self.config.heldout_fraction) else self.state.pending).append(eid)
+            known.add(eid)
+        self.state.cursor = cursor
+        self._save_state()
+        return len(self.state.pending)
+
+    def _watch(self, ep) -> None:
+        """File a rewarded live episode under the promoted or the previous versions, by what served it."""
+        watch, reward = self.state.watch, ep.team_reward()
+        served = {a.agent: (a.policy.version if a.policy else None) for a in ep.actions if a.agent in watch["versions"]}
+        if not served or reward is None:
+            return
+        for group, versions in (("new", watch["versions"]), ("old", watch["previous"])):
+            if all(served[a] == versions[a] for a in served):
+                watch.setdefault(group, {})[ep.id] = reward
+                return
+
+    def step(self) -> dict:
+        """One round: poll, then watch for regressions, then train/gate when enough data arrived."""
+        n = self.poll()
+        if self.state.watch:
+            rolled = self._check_regression()
+            if rolled:
+                return rolled
+        if n < self.config.min_new_episodes:
+            return {"decision": "wait", "pending": n}
+        self._ensure_baseline()
+        return self._train_round()
+
+    def _ensure_baseline(self) -> None:
+        """Publish the untrained adapters (LoRA B = 0: exactly the base model) as each new agent's
+        first version, so the live system always has a registry version to compare with and to
+        roll back to."""
+        fresh = [a for a in self.config.agents if self.registry.current(a) is None]
+        if not fresh:
+            return
+        baseline = self.dir / "baseline"
+        shutil.rmtree(baseline, ignore_errors=True)
+        self.trainer.save_adapters(baseline)
+        versions = self.promote(baseline, metrics={}, agents=fresh)
+        self.decide("baseline", "published the untrained adapters as the first live version", versions=versions)
+
+    def run(self, max_rounds: int | None = None, stop: Callable[[], bool] | None = None) -> None:
+        rounds = 0
+        while max_rounds is None or rounds < max_rounds:
+            if stop and stop():
+                break
+            result = self.step()
+            rounds += 1
+            if result.get("decision") == "wait":
+                time.sleep(self.config.poll_interval_s)
+
+    def _train_round(self) -> dict:
+        cfg = self.config
+        self.state.round += 1
+        ids = self.state.pending[-cfg.max_train_episodes:]
+        episodes = [self.store.get_episode(i) for i in ids]
+        trainer = self.trainer
+        metrics = {}
+        for _ in range(cfg.updates_per_round):
+            metrics = trainer.train_on(episodes)
+        candidate = self.dir / "candidate"
+        shutil.rmtree(candidate, ignore_errors=True)
+        trainer.save_adapters(candidate / "adapters")
+        trainer.save_checkpoint(candidate / "checkpoint")
+        new_score = self.evaluate({a: candidate / "adapters" / a for a in cfg.agents})
+        live = {a: self.registry.path(a) for a in cfg.agents}
+        live_score = self.evaluate(live)
+        self.state.pending = []
+        summary = {"candidate_score": new_score, "live_score": live_score, "episodes": len(ids),
+                   "reward_mean": metrics.get("reward_mean")}
+        if new_score < live_score - cfg.gate_margin:
+            self._restore_accepted()
+            row = self.decide("refuse", f"candidate scored {new_score:.4f} < live {live_score:.4f} - margin "
+                              f"{cfg.gate_margin}", **summary)
+            self._save_state()
+            return row
+        previous = {a: self.registry.current(a) for a in cfg.agents}
+        versions = self.promote(candidate / "adapters", metrics={"eval_score": new_score})
+        accepted = self.dir / "accepted"
+        shutil.rmtree(accepted, ignore_errors=True)
+        shutil.copytree(candidate / "checkpoint", accepted)
+        self.state.live_score = new_score
+        self.state.watch = {"versions": versions, "previous": previous}
+        for ep in episodes:  # the baseline: what the previous versions earned on the training episodes
+            self._watch(ep)
+        row = self.decide("promote", f"candidate scored {new_score:.4f} >= live {live_score:.4f} - margin "
+                          f"{cfg.gate_margin}", versions=versions, **summary)
+        self._save_state()
+        return row
+
+    def promote(self, adapters_dir: Path, metrics: dict, agents: list[str] | None = None) -> dict[str, int]:
+        """Publish each agent's adapter as a new registry version and load it into every server."""
+        versions = {}
+        for agent in agents or self.config.agents:
+            v = self.registry.publish(agent, adapters_dir / agent, metrics=metrics,
+                                      config=self.trainer.config.model_dump(mode="json"))
+            for pub in self.publishers[1:]:
+                pub.load(agent, self.registry.path(agent, v), version=v)
+            self.registry.promote(agent, v, publisher=self.publishers[0] if self.publishers else None)
+            versions[agent] = v
+        return versions
+
+    def _restore_accepted(self) -> None:
+        accepted = self.dir / "accepted"
+        if accepted.is_dir():
+            self.trainer.load_checkpoint(accepted)
+        else:  # nothing accepted yet: start again from fresh adapters
+            self._trainer = None
+
+    def evaluate(self, adapters: dict[str, Path | None]) -> float:
+        if self.eval_fn is not None:
+            return float(self.eval_fn(adapters))
+        return self._recorded_score()
+
+    def _recorded_score(self) -> float:
+        """Mean team reward of the held-out recorded episodes (no user function given)."""
+        rewards = [r for r in (self.store.get_episode(i).team_reward() for i in self.state.heldout) if r is not None]
+        if not rewards:
+            raise MarftError("no evaluation function and no held-out recorded episodes yet; set eval_function "
+                             "or heldout_fraction > 0")
+        return sum(rewards) / len(rewards)
+
+    def _check_regression(self) -> dict | None:
+        """Compare live rewards of episodes served by the promoted versions with the previous ones."""
+        watch = self.state.watch
+        new_v, old_v = watch["versions"], watch["previous"]
+        new_r, old_r = list(watch.get("new", {}).values()), list(watch.get("old", {}).values())
+        if len(new_r) < self.config.rollback_window or not old_r:
+            return None
+        new_mean, old_mean = sum(new_r) / len(new_r), sum(old_r) / len(old_r)
+        self.state.watch = None
+        if new_mean >= old_mean - self.config.rollback_margin:
+            row = self.decide("keep", f"live reward {new_mean:.4f} on {len(new_r)} episodes vs {old_mean:.4f} "
+                              f"before", versions=new_v)
+            self._save_state()
+            return None
+        rolled = {}
+        for agent in old_v:
+            rolled[agent] = self.registry.rollback(agent, publisher=self.publishers[0] if self.publishers else None)
+            for other in self.publishers[1:]:
+                other.load(agent, self.registry.path(agent, rolled[agent]), version=rolled[agent])
+        row = self.decide("rollback", f"live reward {new_mean:.4f} on {len(new_r)} episodes fell below "
+                          f"{old_mean:.4f} - margin {self.config.rollback_margin}", versions=rolled)
+        self._save_state()
+        return row
+
+    def status(self) -> dict:
+        decisions = []
+        p = self.dir / DECISIONS_FILE
+        if p.is_file():
+            decisions = [json.loads(line) for line in p.read_text().splitlines()[-10:]]
+        return {"state": self.state.model_dump(), "versions": {a: self.registry.current(a) for a in self.config.agents},
+                "recent_decisions": decisions}
