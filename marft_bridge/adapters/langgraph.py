@@ -93,7 +93,7 @@ class _Task:
 class _LoopState:
     """Provenance of one Pregel loop's channels (a root graph or a subgraph)."""
 
-    __slots__ = ("loop", "run", "parent", "prov", "sends", "seen", "is_root")
+    __slots__ = ("loop", "run", "parent", "prov", "sends", "seen")
 
     def __init__(self, loop: Any, run: _Run, parent: _Task | None):
         self.loop = loop
@@ -102,7 +102,6 @@ class _LoopState:
         self.prov: dict[str, frozenset[str]] = {}
         self.sends: dict[int, tuple[Any, frozenset[str]]] = {}  # id(Send.arg) -> (Send, provenance)
         self.seen: set[str] = set()
-        self.is_root = parent is None
 
     def output_provenance(self) -> frozenset[str]:
         keys = self.loop.output_keys
@@ -264,7 +263,6 @@ class CaptureHandler:
         if self.run is None:  # capture(): every root graph run is a run of its own
             run = self.new_run(loop.input)
             st = _LoopState(loop, run, None)
-            st.is_root = True
             loop.__dict__["_marft_owns_run"] = run
         elif self.run.base is not None:
             return None  # a second root loop under one instrumented call: not ours
