@@ -124,13 +124,15 @@ class _Run:
         self.finished = False
 
     def sorted_ids(self, ids: Any) -> list[str]:
-        return sorted(ids, key=lambda i: self.order.get(i, 1 << 60))
+        if len(ids) < 2:
+            return list(ids)
+        return sorted(ids, key=lambda i: self.order.get(i, 1 << 60))  # recording order
 
-    def record(self, task: _Task, kind: str, fields: dict[str, Any], deps: Any, started: datetime | None,
-               extra_meta: dict[str, Any] | None = None) -> str:
+    def record(self, task: _Task, kind: str, fields: dict[str, Any], deps: Any, started: datetime | None) -> str:
         meta = {"langgraph_node": task.node, "langgraph_steps": task.lg_steps, "langgraph_checkpoint_ns": task.ns}
-        meta.update(fields.pop("metadata", None) or {})
-        meta.update(extra_meta or {})
+        extra = fields.pop("metadata", None)
+        if extra:
+            meta.update(extra)
         aid = self.recorder.record_action(
             task.agent, kind=kind, step=task.step, depends_on=self.sorted_ids(deps), started_at=started,
             metadata=meta, validate=False, **fields,
@@ -207,7 +209,7 @@ def _sampling(params: dict[str, Any]) -> dict[str, Any] | None:
     return s or None
 
 
-# -- the callback handler ------------------------------------------------------------------------
+# -- run settings --------------------------------------------------------------------------------
 
 
 class _Call:
