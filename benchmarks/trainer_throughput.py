@@ -136,10 +136,13 @@ def memory_child(args):
     from marft_bridge.trainers.config import MarftConfig
     from marft_bridge.trainers.marft import MarftTrainer
 
+    import peft  # noqa: F401  - heavy imports before the baseline, so it measures the trainer only
+    from transformers import LlamaForCausalLM  # noqa: F401
+
     torch.set_num_threads(args.threads)
     agents = [f"agent{i}" for i in range(args.memory_child)]
-    n = max(1, args.episodes // len(agents))  # same total number of sequences for 1 and 4 agents
-    eps = episodes(n, agents, args.obs_len, args.act_len)
+    # Same sequences per agent (so the same minibatch shapes); 4 agents train on 4x the actions.
+    eps = episodes(args.episodes, agents, args.obs_len, args.act_len)
     cfg = MarftConfig(ppo_epochs=1, num_minibatches=2, device=args.device, forward_batch_size=args.forward_batch)
     base, peak, done = _rss(), [0], threading.Event()
 
@@ -206,10 +209,12 @@ def main():
     p.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--skip-memory", action="store_true")
+    p.add_argument("--skip-throughput", action="store_true")
     args = p.parse_args()
     if args.memory_child:
         return memory_child(args)
-    throughput(args)
+    if not args.skip_throughput:
+        throughput(args)
     if not args.skip_memory:
         memory(args)
 
