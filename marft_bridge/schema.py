@@ -90,7 +90,9 @@ class Output(_Record):
     def _finite_logprobs(cls, v: list[float] | None) -> list[float] | None:
         # Non-finite behaviour log-probs silently poison PPO ratios (see notes/PEERS.md #6).
         # C-level scans first (this runs for every stored action); the loop only names the culprit.
-        if v and not (all(map(math.isfinite, v)) and max(v) <= 1e-4):
+        # A nan or inf anywhere makes the sum non-finite (a sum that merely overflows sends finite
+        # values to the loop, which then finds nothing).
+        if v and not (math.isfinite(sum(v)) and max(v) <= 1e-4):
             for i, x in enumerate(v):
                 if not math.isfinite(x):
                     raise ValueError(f"log-prob {i} is {x}; log-probs must be finite")
@@ -214,13 +216,17 @@ class Episode(_Record):
             if a.id in index:
                 raise _invariant(f"actions.{k}.id", f"duplicate action id {a.id!r}")
             index[a.id] = k
+        forward = False
         for k, a in enumerate(self.actions):
             for d in a.depends_on:
                 if d not in index:
                     raise _invariant(f"actions.{k}.depends_on", f"unknown action id {d!r}")
                 if d == a.id:
                     raise _invariant(f"actions.{k}.depends_on", "an action cannot depend on itself")
-        cycle = _find_cycle(self.actions)
+                forward = forward or index[d] > k
+        # Only a dependency on a later record can close a cycle (record order is otherwise a
+        # topological order), so the search runs only then.
+        cycle = _find_cycle(self.actions) if forward else None
         if cycle:
             raise _invariant("actions.depends_on", "dependency cycle " + " -> ".join(cycle))
         for k, a in enumerate(self.actions):

@@ -9,6 +9,7 @@ see which episodes were added, merged or rewarded since they last looked.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
@@ -35,8 +36,6 @@ DEFAULT_PATH = Path(".marft") / "traces.db"
 # A dead letter keeps the raw record for inspection, but not an unbounded one.
 MAX_DEAD_LETTER_CHARS = 1_000_000
 _READ_CHUNK = 200
-# Built once: constructing a statement per write costs more than executing it from the cache.
-_INSERT = {table: table.insert() for table in (t.episode_agents, t.actions, t.rewards, t.changes)}
 
 
 def normalize_url(url: str | os.PathLike | None) -> str:
@@ -88,9 +87,8 @@ class TraceStore:
         self.is_postgres = self._engine.dialect.name == "postgresql"
         # A new id inserts (and returns it); an existing one returns nothing and is merged instead.
         dialect = importlib.import_module(f"sqlalchemy.dialects.{'postgresql' if self.is_postgres else 'sqlite'}")
-        self._insert_new = (
-            dialect.insert(t.episodes).on_conflict_do_nothing(index_elements=["id"]).returning(t.episodes.c.id)
-        )
+        insert_new = dialect.insert(t.episodes).on_conflict_do_nothing(index_elements=["id"]).returning(t.episodes.c.id)
+        self._sql = _write_sql(self._engine.dialect, insert_new)
         self._init_schema()
 
     @classmethod
@@ -116,7 +114,7 @@ class TraceStore:
 
     def _init_schema(self) -> None:
         try:
-            with self._engine.begin() as conn:
+            with self._write_tx() as conn:
                 if self.is_postgres:
                     # Serialize concurrent first opens of one fresh database.
                     conn.execute(sa.text("select pg_advisory_xact_lock(hashtext(current_schema() || '.marft_meta'))"))
@@ -219,7 +217,7 @@ class TraceStore:
             ).first()
             if known is None:
                 raise RecordError(name, "reward.action_id", f"unknown action id {reward.action_id!r}")
-        conn.execute(_INSERT[t.rewards], [_reward_row(episode_id, row.n_rewards, reward)])
+        conn.exec_driver_sql(self._sql[t.rewards], [_reward_row(episode_id, row.n_rewards, reward)])
         conn.execute(
             t.episodes.update().where(t.episodes.c.id == episode_id).values(n_rewards=row.n_rewards + 1)
         )
@@ -230,7 +228,7 @@ class TraceStore:
         # or hold the SQLite lock past busy_timeout: retry the whole transaction, which then merges.
         for attempt in range(5):
             try:
-                with self._engine.begin() as conn:
+                with self._write_tx() as conn:
                     fn(conn)
                 return
             except (sa.exc.IntegrityError, sa.exc.OperationalError) as e:
@@ -238,13 +236,22 @@ class TraceStore:
                     raise MarftError(f"trace store write failed: {_short(e)}") from None
                 time.sleep(0.05 * (attempt + 1))
 
+    @contextlib.contextmanager
+    def _write_tx(self) -> Iterator[sa.Connection]:
+        """A write transaction. SQLite takes the write lock at BEGIN (IMMEDIATE) so concurrent
+        merges cannot deadlock on a lock upgrade."""
+        with self._engine.begin() as conn:
+            if not self.is_postgres:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            yield conn
+
     def _lock_episode(self, episode_id: str) -> sa.Select:
         q = sa.select(t.episodes.c.id, t.episodes.c.n_actions, t.episodes.c.n_rewards).where(t.episodes.c.id == episode_id)
         return q.with_for_update() if self.is_postgres else q
 
     def _write_episode_tx(self, conn: sa.Connection, ep: Episode | None, rows: _Rows | None, data: dict,
                           err: RecordError | None) -> None:
-        if rows is not None and conn.execute(self._insert_new, rows.episode).first() is not None:
+        if rows is not None and conn.exec_driver_sql(self._sql[t.episodes], rows.episode).first() is not None:
             self._insert_children(conn, rows)
             self._log_change(conn, ep.id, "add")
             return
@@ -263,21 +270,21 @@ class TraceStore:
     def _insert_children(self, conn: sa.Connection, rows: _Rows) -> None:
         for table, batch in ((t.episode_agents, rows.agents), (t.actions, rows.actions), (t.rewards, rows.rewards)):
             if batch:
-                conn.execute(_INSERT[table], batch)
+                conn.exec_driver_sql(self._sql[table], batch)
 
     def _log_change(self, conn: sa.Connection, episode_id: str, kind: str) -> None:
         if self.is_postgres:
             # Sequence numbers are handed out at insert but become visible at commit; holding this
             # lock to commit makes the visible order the seq order, so a poller never skips one.
             conn.execute(sa.text(f"lock table {t.changes.name} in exclusive mode"))
-        conn.execute(_INSERT[t.changes], {"episode_id": episode_id, "kind": kind, "created_at": time.time()})
+        conn.exec_driver_sql(self._sql[t.changes], {"episode_id": episode_id, "kind": kind, "created_at": time.time()})
 
     def _dead_letter(self, err: RecordError, raw: Any) -> None:
         text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace") if isinstance(raw, bytes) else _safe_dumps(raw)
         if len(text) > MAX_DEAD_LETTER_CHARS:
             text = text[:MAX_DEAD_LETTER_CHARS] + f"... [truncated, {len(text)} chars in all]"
         try:
-            with self._engine.begin() as conn:
+            with self._write_tx() as conn:
                 conn.execute(
                     t.dead_letters.insert().values(
                         record=err.record, field=err.field, reason=err.reason, raw=text, created_at=time.time()
@@ -512,8 +519,8 @@ class TraceStore:
 
 
 def _create_engines(url: str) -> tuple[sa.Engine, sa.Engine]:
-    """(writer, reader) engines. SQLite writers take the lock at BEGIN (IMMEDIATE) so concurrent
-    merges cannot deadlock on a lock upgrade; readers use plain deferred transactions in WAL mode."""
+    """(writer, reader) engines. SQLite readers use plain deferred transactions in WAL mode; writers
+    issue their own BEGIN IMMEDIATE (``TraceStore._write_tx``)."""
     try:
         u = sa.make_url(url)
     except sa.exc.ArgumentError:
@@ -535,25 +542,47 @@ def _create_engines(url: str) -> tuple[sa.Engine, sa.Engine]:
     except OSError as e:
         raise MarftError(f"cannot create the trace store directory for {u.database}: {e}") from None
 
-    def make(begin: str) -> sa.Engine:
+    def make(begin: str | None) -> sa.Engine:
         engine = sa.create_engine(u, connect_args={"check_same_thread": False, "timeout": 30})
 
         @sa.event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn, _record):
-            dbapi_conn.isolation_level = None  # let the "begin" hook below issue BEGIN itself
+            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (below, or in _write_tx)
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
 
-        @sa.event.listens_for(engine, "begin")
-        def _on_begin(conn):
-            conn.exec_driver_sql(begin)
+        if begin is not None:
+            @sa.event.listens_for(engine, "begin")
+            def _on_begin(conn):
+                conn.exec_driver_sql(begin)
 
         return engine
 
-    return make("BEGIN IMMEDIATE"), make("BEGIN")
+    # No "begin" hook on the writer: any engine-level event makes SQLAlchemy dispatch events around
+    # every statement, which the ingest path would pay for on each insert.
+    return make(None), make("BEGIN")
+
+
+def _write_sql(dialect: sa.Dialect, insert_new: sa.Insert) -> dict[sa.Table, str]:
+    """The write path's INSERTs as driver SQL, compiled once from the table definitions.
+
+    Executed with ``exec_driver_sql`` they skip SQLAlchemy's per-call statement compilation and
+    parameter processing, which cost more than the inserts themselves. Parameters are named so
+    the same row dicts feed SQLite (``:name``) and psycopg (``%(name)s``); ``insert_new`` is the
+    episode insert that returns the id only when it is new.
+    """
+    if dialect.paramstyle == "qmark":
+        dialect = type(dialect)(paramstyle="named")
+    keys = {t.changes: ["episode_id", "kind", "created_at"]}  # seq is assigned by the database
+    sql = {
+        table: str(table.insert().compile(dialect=dialect, column_keys=keys.get(table), for_executemany=True))
+        for table in (t.episode_agents, t.actions, t.rewards, t.changes)
+    }
+    sql[t.episodes] = str(insert_new.compile(dialect=dialect))
+    return sql
 
 
 def _to_data(item: Episode | dict | str | bytes) -> dict:
@@ -630,11 +659,12 @@ def _episode_rows(ep: Episode, actions: list[Action] | None = None, rewards: lis
     """Rows for ``ep`` (or, when merging, for its new ``actions``/``rewards`` from the given positions)."""
     actions = ep.actions if actions is None else actions
     rewards = ep.rewards if rewards is None else rewards
+    to_json = Action.__pydantic_serializer__.to_json  # model_dump_json's keyword handling costs per call
     try:
         body = ep.model_dump_json(exclude={"actions", "rewards"})
         action_rows = [
             {"episode_id": ep.id, "seq": action_start + k, "id": a.id, "agent": a.agent, "step": a.step, "kind": a.kind,
-             "body": a.model_dump_json()}
+             "body": to_json(a).decode()}
             for k, a in enumerate(actions)
         ]
         reward_rows = [_reward_row(ep.id, reward_start + k, r) for k, r in enumerate(rewards)]

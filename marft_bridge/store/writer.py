@@ -52,7 +52,8 @@ class BackgroundWriter:
             with self._done:
                 self._pending -= 1
                 self.dropped += 1
-                self._done.notify_all()
+                if self._pending == 0:
+                    self._done.notify_all()
             if self.dropped == 1 or self.dropped % 1000 == 0:
                 log.warning("trace queue full: %d episode(s) dropped so far", self.dropped)
 
@@ -83,7 +84,8 @@ class BackgroundWriter:
             finally:
                 with self._done:
                     self._pending -= 1
-                    self._done.notify_all()
+                    if self._pending == 0:  # flush() waits for zero; waking it per episode costs GIL handoffs
+                        self._done.notify_all()
 
 
 def _snapshot(episode: Any) -> Any:
