@@ -66,6 +66,7 @@ def _train(args) -> int:
 
     out = Path(args.out)
     trainer = MarftTrainer(config, args.base_model, agents, out_dir=out)
+    console.print(f"device {trainer.device}; adapters {trainer.policy.adapter_of}")
     if args.resume and (out / "checkpoint" / "state.json").exists():
         trainer.load_checkpoint(out / "checkpoint")
         console.print(f"resumed at update {trainer.update_count}")

@@ -33,6 +33,7 @@ def plot_metrics(metrics_path, out_png, keys: list[str] | None = None) -> Path:
 
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rows = read_metrics(metrics_path)
     keys = [k for k in (keys or DEFAULT_KEYS) if any(isinstance(r.get(k), (int, float)) for r in rows)]
@@ -46,6 +47,7 @@ def plot_metrics(metrics_path, out_png, keys: list[str] | None = None) -> Path:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".")
         ax.set_title(key)
         ax.set_xlabel("update")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
