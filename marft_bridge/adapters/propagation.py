@@ -138,7 +138,8 @@ class CallStep:
         if t is not None and not t.run.finished:
             # Inside a LangGraph node: the step is one of the node's actions, so the data the node
             # writes (the tool result) carries it to the next model call.
-            return t.run.record(t, kind, {**fields, "action_id": self.action_id}, deps, started_at, metadata)
+            fields = {**fields, "action_id": self.action_id, "metadata": metadata or {}}
+            return t.run.record(t, kind, fields, deps, started_at)
         return self.recorder.record_action(agent, kind=kind, step=self.step, depends_on=deps, started_at=started_at,
                                            metadata=metadata, action_id=self.action_id, **fields)
 
@@ -151,12 +152,13 @@ def begin_call(recorder: EpisodeRecorder, agent: str | None) -> CallStep:
         with t.run.lock:
             deps = t.run.sorted_ids(t.deps | frozenset(t.actions))
         return CallStep(recorder, recorder.new_action_id(), t.step, deps, t)
-    acts = recorder.actions()
-    dep = next((a for a in reversed(acts) if a.kind == "llm" and (agent is None or a.agent == agent)), None)
-    if dep is None and agent is not None:
-        dep = next((a for a in reversed(acts) if a.kind == "llm"), None)
-    step = dep.step if dep is not None else (max((a.step for a in acts), default=-1) + 1)
-    return CallStep(recorder, recorder.new_action_id(), step, [dep.id] if dep is not None else [])
+    # The recorder's raw records, newest first: ``actions()`` would validate every action per call.
+    with recorder._lock:
+        acts = recorder._actions[::-1]
+    llms = [a for a in acts if a["kind"] == "llm"]
+    dep = next((a for a in llms if agent is None or a["agent"] == agent), llms[0] if llms else None)
+    step = dep["step"] if dep is not None else (max((a["step"] for a in acts), default=-1) + 1)
+    return CallStep(recorder, recorder.new_action_id(), step, [dep["id"]] if dep is not None else [])
 
 
 # -- the callee's side ---------------------------------------------------------------------------
