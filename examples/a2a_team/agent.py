@@ -104,6 +104,17 @@ class GraphExecutor(AgentExecutor):
         raise NotImplementedError
 
 
+class EchoExecutor(AgentExecutor):
+    """Replies with the message text: no model, so a benchmark sees the protocol capture alone."""
+
+    async def execute(self, context, event_queue):
+        await event_queue.enqueue_event(new_text_message(context.get_user_input(), context_id=context.context_id,
+                                                         task_id=context.task_id))
+
+    async def cancel(self, context, event_queue):
+        raise NotImplementedError
+
+
 def card(name: str, port: int) -> AgentCard:
     return AgentCard(
         name=name, description=f"example {name} agent", version="1.0",
@@ -119,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     from starlette.applications import Starlette
 
     ap = argparse.ArgumentParser(description="Serve one example A2A agent with marft_bridge capture.")
-    ap.add_argument("name", choices=["writer", "researcher"])
+    ap.add_argument("name", choices=["writer", "researcher", "echo"], help="echo: replies with the text (benchmarks)")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--store", required=True, help="trace store URL or SQLite path shared by the team")
     ap.add_argument("--delegate", help="the writer's URL (researcher only)")
@@ -127,11 +138,13 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     store = mb.TraceStore.open(args.store)
     agent_card = card(args.name, args.port)
-    if args.name == "writer":
+    if args.name == "echo":
+        inner = EchoExecutor()
+    elif args.name == "writer":
         inner = GraphExecutor(writer_graph(), store)
     else:
         inner = GraphExecutor(researcher_graph(args.delegate), store, prefix="researcher: ")
-    if args.no_capture:
+    if args.no_capture and hasattr(inner, "app"):
         mb.uninstrument(inner.app)
     executor = inner if args.no_capture else cap.CaptureExecutor(inner, agent_card, store=store)
     handler = DefaultRequestHandlerV2(executor, InMemoryTaskStore(), agent_card)

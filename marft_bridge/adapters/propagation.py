@@ -210,10 +210,11 @@ class CalleeHalfStore:
 class JoinWriter:
     """Writes callee halves once the caller's call step is stored (background thread)."""
 
-    def __init__(self, store: Any, join_timeout: float = 120.0, poll: float = 0.1):
+    def __init__(self, store: Any, join_timeout: float = 120.0, poll: float = 0.1, idle_exit: float = 5.0):
         self.store = store
         self.join_timeout = join_timeout
         self.poll = poll
+        self.idle_exit = idle_exit
         self._cond = threading.Condition()
         self._pending: list[tuple[float, dict, str | None]] = []
         self._busy = 0
@@ -249,27 +250,24 @@ class JoinWriter:
     def _run(self) -> None:
         while True:
             with self._cond:
-                if not self._pending:
-                    self._thread = None
-                    self._cond.notify_all()
-                    return
+                # Stay a while when idle: a server writes a half per request.
+                idle_end = time.monotonic() + self.idle_exit
+                while not self._pending:
+                    left = idle_end - time.monotonic()
+                    if left <= 0:
+                        self._thread = None
+                        self._cond.notify_all()
+                        return
+                    self._cond.wait(left)
                 batch, self._pending = self._pending, []
                 self._busy += 1
-            later = []
+            later: list = []
             try:
-                for deadline, data, caller_action in batch:
-                    try:
-                        if caller_action is None or caller_action in self._stored_ids(data["id"]):
-                            self._add(data)
-                        elif time.monotonic() >= deadline:
-                            self._add(_without_caller(data, caller_action))
-                            self.unresolved += 1
-                        else:
-                            later.append((deadline, data, caller_action))
-                    except Exception as e:  # noqa: BLE001 - e.g. the database is busy: try again until the deadline
-                        capture_error("join.write", e)
-                        if time.monotonic() < deadline:
-                            later.append((deadline, data, caller_action))
+                by_episode: dict[str, list] = {}
+                for item in batch:
+                    by_episode.setdefault(item[1]["id"], []).append(item)
+                for eid, items in by_episode.items():
+                    later += self._write_episode(eid, items)
             finally:
                 with self._cond:
                     self._pending[:0] = later
@@ -278,6 +276,29 @@ class JoinWriter:
             if later:
                 time.sleep(self.poll)
 
+    def _write_episode(self, eid: str, items: list) -> list:
+        """Write the halves of one episode that can be joined now, in one transaction; return the rest."""
+        try:
+            known = self._stored_ids(eid) if any(c is not None for _, _, c in items) else set()
+            ready, later, now = [], [], time.monotonic()
+            for item in items:
+                deadline, data, caller = item
+                if caller is not None and caller not in known:
+                    if now < deadline:
+                        later.append(item)
+                        continue
+                    data = _without_caller(data, caller)
+                    self.unresolved += 1
+                ready.append(data)
+                known.update(a["id"] for a in data["actions"])
+            if ready:
+                self._add(_combine(ready))
+                self.written += len(ready)
+            return later
+        except Exception as e:  # noqa: BLE001 - e.g. the database is busy: try again until the deadline
+            capture_error("join.write", e)
+            return [it for it in items if time.monotonic() < it[0]]
+
     def _add(self, data: dict) -> None:
         if self.store.has_episode(data["id"]):
             # The caller's half owns the episode's task, status and times; a callee half adds actions.
@@ -285,9 +306,19 @@ class JoinWriter:
                 data[key] = None
         try:
             self.store.add_episode(data)
-            self.written += 1
         except RecordError as e:  # refused and dead-lettered by the store; the app is unaffected
             capture_error("join.add_episode", e)
+
+
+def _combine(halves: list[dict]) -> dict:
+    """Several halves of one episode as one record (one merge in the store instead of several)."""
+    if len(halves) == 1:
+        return halves[0]
+    out = dict(halves[0])
+    out["actions"] = [a for h in halves for a in h["actions"]]
+    out["rewards"] = [r for h in halves for r in h.get("rewards") or ()]
+    out["metadata"] = {k: v for h in halves for k, v in (h.get("metadata") or {}).items()}
+    return out
 
 
 def _without_caller(data: dict, caller_action: str) -> dict:

@@ -1,0 +1,201 @@
+"""Per-call time of MCP tool calls and A2A messages with and without capture, side by side.
+
+    OMP_NUM_THREADS=1 python benchmarks/protocol_overhead.py [--calls 100] [--rounds 5]
+
+Each case runs the same calls on an uncaptured pair (plain client, server without capture) and
+on a captured pair (instrumented client inside episodes of ``--per-episode`` calls, captured
+server writing its halves to the same SQLite store), alternating the order every round; the
+ratio printed is the median over rounds of captured / uncaptured mean time per call. Background
+writes (the store's writer, the servers' join writers) run during the measurement, as they
+would in a deployment. Cases:
+
+- mcp in-process: ``mcp.Client(MCPServer)`` in one process (the smallest call, worst case);
+- mcp http: the MCP server in its own process over streamable HTTP on 127.0.0.1;
+- a2a echo: an A2A agent (its own process) that echoes the text: the protocol capture alone;
+- a2a writer: the example writer agent (a LangGraph app inside) with its model calls captured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples" / "mcp_tools"))
+sys.path.insert(0, str(ROOT / "examples" / "a2a_team"))
+
+import logging  # noqa: E402
+
+import marft_bridge as mb  # noqa: E402
+from marft_bridge.adapters import a2a as a2a_cap  # noqa: E402
+from marft_bridge.adapters import mcp as mcp_cap  # noqa: E402
+from marft_bridge.adapters.propagation import flush_joins  # noqa: E402
+
+
+async def timed_calls(call, n: int, per_episode: int, store) -> float:
+    """Mean seconds per call; with ``store``, calls run inside episodes of ``per_episode`` calls."""
+    t0 = time.perf_counter()
+    done = 0
+    while done < n:
+        k = min(per_episode, n - done)
+        if store is None:
+            for _ in range(k):
+                await call()
+        else:
+            with mb.episode(store=store, source="benchmark"):
+                for _ in range(k):
+                    await call()
+        done += k
+    return (time.perf_counter() - t0) / n
+
+
+async def compare(make_plain, make_captured, n: int, rounds: int, per_episode: int, store) -> dict:
+    """make_*() -> async context manager yielding an async ``call()``."""
+    ratios, plain_t, cap_t = [], [], []
+    async with make_plain() as plain_call, make_captured() as cap_call:
+        await plain_call()
+        await cap_call()  # warm both (connections, imports)
+        for r in range(rounds):
+            order = [("plain", plain_call), ("cap", cap_call)]
+            if r % 2:
+                order.reverse()
+            got = {}
+            for name, call in order:
+                got[name] = await timed_calls(call, n, per_episode, store if name == "cap" else None)
+            plain_t.append(got["plain"])
+            cap_t.append(got["cap"])
+            ratios.append(got["cap"] / got["plain"])
+    return {"plain_ms": 1e3 * statistics.median(plain_t), "captured_ms": 1e3 * statistics.median(cap_t),
+            "ratio": statistics.median(ratios)}
+
+
+class _Ctx:
+    def __init__(self, enter, exit_=None):
+        self.enter, self.exit = enter, exit_
+
+    async def __aenter__(self):
+        return await self.enter()
+
+    async def __aexit__(self, *exc):
+        if self.exit is not None:
+            await self.exit()
+
+
+def mcp_pair(target_plain, target_cap):
+    from mcp import Client
+
+    def make(target, capture):
+        client = Client(target)
+
+        async def enter():
+            await client.__aenter__()
+            if capture:
+                mcp_cap.instrument_client(client, agent="bench")
+
+            async def call():
+                await client.call_tool("add", {"a": 2, "b": 3})
+            return call
+
+        async def exit_():
+            await client.__aexit__(None, None, None)
+        return _Ctx(enter, exit_)
+
+    return (lambda: make(target_plain, False)), (lambda: make(target_cap, True))
+
+
+def a2a_pair(url_plain, url_cap):
+    from a2a.client import ClientConfig, create_client
+    from a2a.types import Message, Part, Role, SendMessageRequest
+
+    def make(url, capture):
+        holder = {}
+
+        async def enter():
+            cfg = ClientConfig(streaming=False)
+            holder["c"] = await (a2a_cap.connect(url, agent="bench", client_config=cfg) if capture
+                                 else create_client(url, cfg))
+
+            async def call():
+                msg = Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[Part(text="hello there")])
+                async for _ in holder["c"].send_message(SendMessageRequest(message=msg)):
+                    pass
+            return call
+
+        async def exit_():
+            await holder["c"].close()
+        return _Ctx(enter, exit_)
+
+    return (lambda: make(url_plain, False)), (lambda: make(url_cap, True))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=100, help="calls per measurement (default 100)")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    ap.add_argument("--per-episode", type=int, default=5, help="calls per captured episode (default 5)")
+    ap.add_argument("--only", choices=["mcp", "a2a"], help="run one protocol only")
+    args = ap.parse_args()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
+
+    import run as a2a_run  # examples/a2a_team/run.py: process helpers
+    from server import build_server  # examples/mcp_tools/server.py
+
+    tmp = Path(tempfile.mkdtemp())
+    store_path = str(tmp / "bench.db")
+    store = mb.TraceStore.open(store_path)
+    results: dict[str, dict] = {}
+    procs = []
+    try:
+        if args.only in (None, "mcp"):
+            plain_srv = build_server()
+            cap_srv = mcp_cap.instrument_server(build_server(), store=store)
+            mk = mcp_pair(plain_srv, cap_srv)
+            results["mcp in-process"] = asyncio.run(compare(*mk, args.calls, args.rounds, args.per_episode, store))
+            mcp_run = _load_mcp_run()
+            p1, p2 = a2a_run.free_port(), a2a_run.free_port()
+            procs += [mcp_run.start_server(p1, store_path, capture=False), mcp_run.start_server(p2, store_path)]
+            mcp_run.wait_listening(p1, procs[-2])
+            mcp_run.wait_listening(p2, procs[-1])
+            mk = mcp_pair(f"http://127.0.0.1:{p1}/mcp", f"http://127.0.0.1:{p2}/mcp")
+            results["mcp http"] = asyncio.run(compare(*mk, args.calls, args.rounds, args.per_episode, store))
+        if args.only in (None, "a2a"):
+            for name in ("echo", "writer"):
+                p1, p2 = a2a_run.free_port(), a2a_run.free_port()
+                procs += [a2a_run.start_agent(name, p1, store_path, capture=False),
+                          a2a_run.start_agent(name, p2, store_path)]
+                u1, u2 = f"http://127.0.0.1:{p1}", f"http://127.0.0.1:{p2}"
+                a2a_run.wait_ready(u1, procs[-2])
+                a2a_run.wait_ready(u2, procs[-1])
+                mk = a2a_pair(u1, u2)
+                results[f"a2a {name}"] = asyncio.run(compare(*mk, args.calls, args.rounds, args.per_episode, store))
+        store.flush()
+    finally:
+        for p in procs:
+            a2a_run.stop(p)
+    flush_joins(store, timeout=60)
+    print(f"{'case':<16} {'plain ms/call':>14} {'captured ms/call':>17} {'captured/plain':>15}")
+    for case, r in results.items():
+        print(f"{case:<16} {r['plain_ms']:>14.3f} {r['captured_ms']:>17.3f} {r['ratio']:>15.3f}")
+    st = store.stats()
+    print(f"stored: {st['episodes']} episodes, {st['actions']} actions, {st['dead_letters']} dead letters "
+          f"({store_path}); {args.calls} calls x {args.rounds} rounds per case")
+    store.close()
+
+
+def _load_mcp_run():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mcp_tools_run", ROOT / "examples" / "mcp_tools" / "run.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+if __name__ == "__main__":
+    main()
