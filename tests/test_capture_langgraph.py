@@ -678,3 +678,40 @@ def test_capture_inside_an_episode_joins_it(store):
     assert cap.episode_ids == [ep.id]
     got = stored(store, ep.id)
     assert got.task == "both" and [a.agent for a in got.actions] == ["planner", "coder", "reviewer"]
+
+
+def test_functional_api_tasks_are_agents(store):
+    from langgraph.func import entrypoint, task
+
+    idea_model, writer_model, critic_model = fake("idea"), fake("essay"), fake("fine")
+
+    @task
+    def brainstorm(topic: str) -> str:
+        return idea_model.invoke(topic).content
+
+    critique_started = threading.Event()
+
+    @task
+    def write(idea: str) -> str:
+        critique_started.wait(10)  # so `write` cannot finish before `critique` is started
+        return writer_model.invoke(idea).content
+
+    @task
+    def critique(idea: str) -> str:
+        critique_started.set()
+        return critic_model.invoke(idea).content
+
+    @entrypoint()
+    def workflow(topic: str) -> str:
+        idea = brainstorm(topic).result()
+        essay, note = write(idea), critique(idea)  # started together
+        return essay.result() + " / " + note.result()
+
+    app = mb.instrument(workflow, store=store)
+    assert app.invoke("cats") == "essay / fine"
+    ep = stored(store, app)
+    assert edges(ep, key=lambda a: a.agent) == {
+        "brainstorm": ("llm", []),
+        "write": ("llm", ["brainstorm"]),
+        "critique": ("llm", ["brainstorm"]),  # started before `write` finished: not its input
+    }

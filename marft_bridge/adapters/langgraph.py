@@ -25,7 +25,9 @@ What becomes what:
   of its triggers; a ``Send`` task on the task that sent it; a subgraph's first step on the
   parent task's inputs, and the parent's writes carry the subgraph's output provenance. Model
   calls later in the same node also depend on the node's earlier calls. Env nodes pass
-  provenance along through their own action.
+  provenance along through their own action. Functional-API ``@task`` calls (``accept_push``)
+  are agents named after the task, at the caller's step, depending on the caller's inputs and
+  on what the caller had seen finish when it started them.
 
 Capture never breaks the app: every hook runs under ``recording.guarded`` (errors logged and
 counted in ``recording.capture_stats()``), and episodes are written through ``store.submit``.
@@ -71,7 +73,7 @@ class _Task:
     """One LangGraph task (a node execution) of a captured run."""
 
     __slots__ = ("id", "run", "agent", "node", "step", "lg_steps", "ns", "deps", "actions", "children", "internal",
-                 "calls", "started")
+                 "calls", "started", "pushed", "pusher")
 
     def __init__(self, id: str, run: _Run, agent: str, node: str, step: int, lg_steps: list[int], ns: str,
                  deps: frozenset[str], internal: bool):
@@ -88,6 +90,8 @@ class _Task:
         self.internal = internal
         self.calls = 0  # model calls seen, recorded or not
         self.started = utcnow()
+        self.pushed: list[_Task] = []  # functional-API tasks this task started (``@task`` calls)
+        self.pusher: _Task | None = None
 
 
 class _LoopState:
@@ -469,9 +473,33 @@ def _register_tasks(st: _LoopState) -> None:
         run.task_ids.append(task.id)
 
 
-def _task_output(st: _LoopState, task: Any, t: _Task) -> frozenset[str]:
+def _register_pushed(st: _LoopState, caller: Any, pushed: Any) -> None:
+    """A functional-API ``@task`` started by a running task: an agent of its own (its name) at the
+    caller's step. Its arguments come from the caller, so it depends on the caller's inputs and on
+    everything the caller had seen finish (its own calls and earlier tasks) when it started it."""
+    parent = _TASK_INDEX.get(caller.id)
+    if parent is None or pushed.id in st.seen:
+        return
+    st.seen.add(pushed.id)
+    with parent.run.lock:
+        deps = parent.deps | frozenset(parent.actions).union(*(p.actions for p in parent.pushed))
+    meta = pushed.config.get("metadata") or {}
+    name = str(meta.get("agent_name") or pushed.name)
+    agent = f"{parent.agent.rpartition('/')[0]}/{name}" if "/" in parent.agent else name
+    t = _Task(pushed.id, parent.run, agent, pushed.name, parent.step, parent.lg_steps,
+              meta.get("langgraph_checkpoint_ns") or pushed.id, deps, False)
+    t.pusher = parent
+    parent.pushed.append(t)
+    _TASK_INDEX[pushed.id] = t
+    parent.run.task_ids.append(pushed.id)
+
+
+def _task_output(st: _LoopState, task: Any, t: _Task, outputs: dict[str, frozenset[str]]) -> frozenset[str]:
     if t.internal:
         return t.deps
+    if t.pushed:
+        # An entrypoint's result comes from the tasks it called and from its own model calls.
+        return frozenset(t.actions).union(*(outputs.get(p.id, frozenset(p.actions)) for p in t.pushed))
     if t.children:
         out = frozenset().union(*(c.output_provenance() for c in t.children))
         if out or not t.actions:
@@ -491,11 +519,13 @@ def _apply_writes(st: _LoopState) -> None:
     loop = st.loop
     st.sends = {}
     written: set[str] = set()
-    for task in loop.tasks.values():
+    outputs: dict[str, frozenset[str]] = {}
+    # Tasks started by other tasks (functional API) first: their callers' outputs include theirs.
+    for task in sorted(loop.tasks.values(), key=lambda x: 0 if getattr(_TASK_INDEX.get(x.id), "pusher", None) else 1):
         t = _TASK_INDEX.get(task.id)
         if t is None:
             continue
-        out = _task_output(st, task, t)
+        out = outputs[task.id] = _task_output(st, task, t, outputs)
         for ch, val in task.writes:
             if ch == _TASKS:
                 if hasattr(val, "arg"):
@@ -528,7 +558,7 @@ def _patch_pregel() -> None:
     from langgraph.pregel import _loop
 
     cls, sync_cls, async_cls = _loop.PregelLoop, _loop.SyncPregelLoop, _loop.AsyncPregelLoop
-    tick, after_tick = cls.tick, cls.after_tick
+    tick, after_tick, accept_push = cls.tick, cls.after_tick, cls.accept_push
     sync_exit, async_exit = sync_cls.__exit__, async_cls.__aexit__
 
     def hooked_tick(self: Any) -> bool:
@@ -557,6 +587,17 @@ def _patch_pregel() -> None:
             except Exception as e:  # noqa: BLE001
                 capture_error("langgraph.after_tick", e)
 
+    def hooked_accept_push(self: Any, task: Any, write_idx: int, call: Any = None) -> Any:
+        pushed = accept_push(self, task, write_idx, call)
+        if pushed is not None:
+            try:
+                st = _state(self)
+                if st is not None:
+                    _register_pushed(st, task, pushed)
+            except Exception as e:  # noqa: BLE001
+                capture_error("langgraph.accept_push", e)
+        return pushed
+
     def hooked_exit(self: Any, exc_type: Any, exc: Any, tb: Any) -> Any:
         try:
             return sync_exit(self, exc_type, exc, tb)
@@ -569,8 +610,8 @@ def _patch_pregel() -> None:
         finally:
             _finish_owned(self, exc)
 
-    _patched.update(tick=tick, after_tick=after_tick, exit=sync_exit, aexit=async_exit)
-    cls.tick, cls.after_tick = hooked_tick, hooked_after_tick
+    _patched.update(tick=tick, after_tick=after_tick, accept_push=accept_push, exit=sync_exit, aexit=async_exit)
+    cls.tick, cls.after_tick, cls.accept_push = hooked_tick, hooked_after_tick, hooked_accept_push
     sync_cls.__exit__, async_cls.__aexit__ = hooked_exit, hooked_aexit
     _patch_langchain()
 
