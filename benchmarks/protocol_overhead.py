@@ -141,7 +141,7 @@ def main() -> None:
     ap.add_argument("--per-episode", type=int, default=5, help="calls per captured episode (default 5)")
     ap.add_argument("--only", choices=["mcp", "a2a"], help="run one protocol only")
     args = ap.parse_args()
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
+    logging.disable(logging.INFO)  # the SDKs log one INFO line per request
 
     import run as a2a_run  # examples/a2a_team/run.py: process helpers
     from server import build_server  # examples/mcp_tools/server.py

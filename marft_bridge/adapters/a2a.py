@@ -40,6 +40,7 @@ from a2a.types import TaskState
 from google.protobuf import json_format
 
 from .. import recording
+from ..errors import MarftError
 from ..recording import guarded
 from ..schema import utcnow
 from . import propagation as prop
@@ -143,20 +144,10 @@ class _Call:
                 error = f"task {r.state}: {r.text}" if r.text else f"task {r.state}"
             meta = {"a2a.to": self.to, "a2a.message_id": self.message_id, **r.meta(),
                     "latency_s": time.perf_counter() - self.t0}
-            who = self.agent or _dep_agent(self.step) or "a2a_client"
+            who = self.agent or self.step.dep_agent() or "a2a_client"
             self.step.record(who, "message", started_at=self.started, error=error, metadata=meta,
                              observation={"messages": [{"role": "user", "content": self.sent}]},
                              output={"text": r.text})
-
-
-def _dep_agent(step: prop.CallStep) -> str | None:
-    if step.task is not None:
-        return step.task.agent
-    for d in step.depends_on:
-        a = step.recorder.get_action(d)
-        if a is not None:
-            return a.agent
-    return None
 
 
 class CaptureInterceptor(ClientCallInterceptor):
@@ -197,7 +188,12 @@ def instrument_client(client: Any, agent: str | None = None) -> Any:
     """Add a ``CaptureInterceptor`` to an a2a ``Client`` and record calls that fail in the transport."""
     if getattr(client, "_marft_a2a", None) is not None:
         return client
-    client._interceptors.append(CaptureInterceptor(agent))
+    interceptors = getattr(client, "_interceptors", None)
+    if not isinstance(interceptors, list):
+        raise MarftError(f"cannot add an interceptor to {type(client).__name__}; create the client with "
+                         "marft_bridge.adapters.a2a.connect(...) or pass CaptureInterceptor() to create_client")
+    if not any(isinstance(i, CaptureInterceptor) for i in interceptors):
+        interceptors.append(CaptureInterceptor(agent))
     orig = client.send_message
 
     async def send_message(request: Any, *args: Any, **kw: Any) -> Any:
@@ -205,6 +201,8 @@ def instrument_client(client: Any, agent: str | None = None) -> Any:
         try:
             async for event in orig(request, *args, **kw):
                 yield event
+        except GeneratorExit:
+            raise
         except BaseException as e:
             call = _CALL.get()
             if call is not None and not call.done:
@@ -224,8 +222,8 @@ def instrument_client(client: Any, agent: str | None = None) -> Any:
 async def connect(agent_or_url: Any, agent: str | None = None, client_config: Any = None,
                   interceptors: list | None = None, **kw: Any) -> Any:
     """``a2a.client.create_client`` with capture installed (``instrument_client``)."""
-    client = await create_client(agent_or_url, client_config, interceptors=list(interceptors or []), **kw)
-    return instrument_client(client, agent)
+    icpt = [*(interceptors or []), CaptureInterceptor(agent)]
+    return instrument_client(await create_client(agent_or_url, client_config, interceptors=icpt, **kw), agent)
 
 
 # -- server --------------------------------------------------------------------------------------

@@ -123,7 +123,7 @@ def instrument_client(client: Any, agent: str | None = None, store: Any = None) 
             fields["metadata"]["mcp.server"] = _server_name(client)
             if is_error and error is None:
                 error = text or "tool returned isError"
-            who = agent or _dep_agent(call.step) or "mcp_client"
+            who = agent or call.step.dep_agent() or "mcp_client"
             call.step.record(who, "tool", extra_deps=call.sampled, started_at=started, output={"text": text},
                              error=error, **fields)
 
@@ -164,7 +164,7 @@ def instrument_client(client: Any, agent: str | None = None, store: Any = None) 
                 fields["policy"] = {"name": str(r["model"])}
         else:
             fields["error"] = str(r.get("message") if isinstance(r, dict) else r)
-        who = agent or (_dep_agent(call.step) if call is not None else None) or "mcp_client"
+        who = agent or (call.step.dep_agent() if call is not None else None) or "mcp_client"
         if call is not None:
             return rec.record_action(who, kind="llm", step=call.step.step, depends_on=call.step.depends_on, **fields)
         return rec.record_action(who, kind="llm", **fields)
@@ -191,16 +191,6 @@ def uninstrument_client(client: Any) -> Any:
         client.sampling_callback = orig["sampling_callback"]
     client._marft_mcp = None
     return client
-
-
-def _dep_agent(step: prop.CallStep) -> str | None:
-    if step.task is not None:
-        return step.task.agent
-    for d in step.depends_on:
-        a = step.recorder.get_action(d)
-        if a is not None:
-            return a.agent
-    return None
 
 
 def _server_name(client: Any) -> str | None:

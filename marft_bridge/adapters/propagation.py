@@ -130,6 +130,16 @@ class CallStep:
     def ref(self) -> CallerRef:
         return CallerRef(self.recorder.id, self.action_id, self.step)
 
+    def dep_agent(self) -> str | None:
+        """The agent of the node it runs in, or of the model call it depends on."""
+        if self.task is not None:
+            return self.task.agent
+        for d in self.depends_on:
+            a = self.recorder.get_action(d)
+            if a is not None:
+                return a.agent
+        return None
+
     def record(self, agent: str, kind: str, *, extra_deps: Any = (), started_at: Any = None,
                metadata: dict[str, Any] | None = None, **fields: Any) -> str:
         """Record the step (after the call) with the given fields."""
@@ -152,13 +162,20 @@ def begin_call(recorder: EpisodeRecorder, agent: str | None) -> CallStep:
         with t.run.lock:
             deps = t.run.sorted_ids(t.deps | frozenset(t.actions))
         return CallStep(recorder, recorder.new_action_id(), t.step, deps, t)
-    # The recorder's raw records, newest first: ``actions()`` would validate every action per call.
+    # The recorder's own records, newest first: ``actions()`` would validate every action per call.
     with recorder._lock:
-        acts = recorder._actions[::-1]
-    llms = [a for a in acts if a["kind"] == "llm"]
-    dep = next((a for a in llms if agent is None or a["agent"] == agent), llms[0] if llms else None)
-    step = dep["step"] if dep is not None else (max((a["step"] for a in acts), default=-1) + 1)
-    return CallStep(recorder, recorder.new_action_id(), step, [dep["id"]] if dep is not None else [])
+        acts = [_fields(a) for a in recorder._actions[::-1]]
+    llms = [a for a in acts if a[0] == "llm"]
+    dep = next((a for a in llms if agent is None or a[1] == agent), llms[0] if llms else None)
+    step = dep[2] if dep is not None else (max((a[2] for a in acts), default=-1) + 1)
+    return CallStep(recorder, recorder.new_action_id(), step, [dep[3]] if dep is not None else [])
+
+
+def _fields(a: Any) -> tuple[str, str, int, str]:
+    """(kind, agent, step, id) of a recorded action (a raw dict or an ``Action``)."""
+    if isinstance(a, dict):
+        return a["kind"], a["agent"], a["step"], a["id"]
+    return a.kind, a.agent, a.step, a.id
 
 
 # -- the callee's side ---------------------------------------------------------------------------
