@@ -102,6 +102,9 @@ def test_team_episode_assembled_from_three_processes(agents):
     assert m2.output.text == w_out.output.text == polish.output.text
     assert r_in.metadata["a2a.context_id"] == m1.metadata["a2a.context_id"]
     assert w_in.metadata["a2a.message_id"] == m2.metadata["a2a.message_id"]
+    # Task ids are kept on both sides of each message.
+    assert m1.metadata["a2a.task_id"] == r_in.metadata["a2a.task_id"] == r_out.metadata["a2a.task_id"]
+    assert m2.metadata["a2a.task_id"] == w_in.metadata["a2a.task_id"] != m1.metadata["a2a.task_id"]
     assert all(a.error is None for a in ep.actions) and ep.status == "completed"
     assert ep.source == "langgraph"  # the caller's half owns the episode record
 
