@@ -106,7 +106,9 @@ def _all_state(tr):
 @pytest.mark.parametrize("mode", ["marft_a", "marft_t"])
 def test_resume_is_exact(model_dir, tmp_path, mode):
     env = make_env(2)
+    # MARFT-T also runs the critic with its own LoRA backbone (its adapter and optimiser resume too).
     cfg = MarftConfig(mode=mode, agent_order="random", seed=3, lora_dropout=0.1,
+                      critic_backbone="lora" if mode == "marft_t" else "frozen",
                       **{**FAST, "kl_coef": 0.05, "entropy_coef": 0.01})
     full = MarftTrainer(cfg, model_dir, agents=["a", "b"])
     full_hist = full.train(env, iterations=3, episodes_per_iteration=16)
@@ -337,3 +339,13 @@ def _sample(action):
 
     return Sample(0, "e", action.id, action.agent, action.step, action.observation.prompt_token_ids,
                   action.output.token_ids, None, action.sampling.temperature)
+
+
+def test_shared_adapter_parameter_sharing(model_dir, tmp_path):
+    tr = MarftTrainer(MarftConfig(**{**FAST, "shared_adapter": True}), model_dir, agents=["a", "b"])
+    assert tr.policy.adapters == ["shared"]
+    m = tr.train_on(make_env()(RolloutPolicy(tr), 16, 17))
+    assert m["agent_order"] in (["a", "b"], ["b", "a"])  # still sequential per agent, one set of weights
+    out = tr.save_adapters(tmp_path / "ad")
+    f = "adapter_model.safetensors"
+    assert (out / "a" / f).read_bytes() == (out / "b" / f).read_bytes()
