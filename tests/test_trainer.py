@@ -349,3 +349,18 @@ def test_shared_adapter_parameter_sharing(model_dir, tmp_path):
     out = tr.save_adapters(tmp_path / "ad")
     f = "adapter_model.safetensors"
     assert (out / "a" / f).read_bytes() == (out / "b" / f).read_bytes()
+
+
+def test_load_adapters_warm_start(model_dir, tmp_path):
+    tr = MarftTrainer(MarftConfig(**FAST), model_dir, agents=["a", "b"])
+    tr.train_on(make_env()(RolloutPolicy(tr), 16, 19))
+    tr.save_adapters(tmp_path / "pub")
+    fresh = MarftTrainer(MarftConfig(**FAST), model_dir, agents=["a", "b"])
+    fresh.load_adapters(tmp_path / "pub")
+    for adapter in ("agent_a", "b"):
+        assert same(weights(fresh, adapter), weights(tr, adapter))
+    wide = MarftTrainer(MarftConfig(**{**FAST, "lora_r": 4}), model_dir, agents=["a", "b"])
+    with pytest.raises(MarftError, match="does not fit"):
+        wide.load_adapters(tmp_path / "pub")
+    with pytest.raises(MarftError, match="cannot load adapter"):
+        fresh.load_adapters(tmp_path / "missing")

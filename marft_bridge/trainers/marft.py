@@ -23,6 +23,7 @@ Python API::
     history = trainer.train(env_fn, iterations=20)  # on-policy: env_fn(policy, n, seed) -> episodes
     trainer.evaluate(env_fn, n=64, seed=1)        # mean return; untrained=True for the base model
     trainer.save_adapters("run/adapters")          # <dir>/<agent>/adapter_model.safetensors
+    trainer.load_adapters("registry/current")      # warm start from published <dir>/<agent>/ adapters
     trainer.save_checkpoint("run/ckpt"); trainer.load_checkpoint("run/ckpt")   # exact resume
 
 Under ``torchrun`` / ``accelerate launch`` each rank trains on its share of the episodes (by
@@ -160,6 +161,28 @@ class MarftTrainer:
                     shutil.rmtree(dst)
                 shutil.copytree(src, dst)
         return directory
+
+    def load_adapters(self, directory, agents: list[str] | None = None) -> None:
+        """Start from published adapters (warm start, continuous training): ``<dir>/<agent>/`` peft dirs
+        as ``save_adapters`` writes them. Safetensors only; shapes must match this trainer's LoRA config."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        for agent in agents or self.agents:
+            path = Path(directory) / agent / "adapter_model.safetensors"
+            if agent not in self.policy.adapter_of:
+                raise MarftError(f"unknown agent {agent!r}; this trainer has {self.agents}")
+            try:
+                state = load_file(str(path))
+            except (OSError, ValueError) as e:
+                raise MarftError(f"cannot load adapter for {agent!r} from {path}: {e}") from None
+            try:
+                res = set_peft_model_state_dict(self.policy.model, state, adapter_name=self.policy.adapter_of[agent])
+            except RuntimeError as e:  # shape mismatch: another rank / target modules
+                raise MarftError(f"adapter {path} does not fit this LoRA config: {str(e).splitlines()[0]}") from None
+            if res.unexpected_keys:
+                raise MarftError(f"adapter {path} has weights this model lacks: {res.unexpected_keys[:3]}")
+        self._stable = self._snapshot()
 
     # -- one update ----------------------------------------------------------------------------------
 
