@@ -257,6 +257,25 @@ def test_non_finite_values_are_refused():
         parse_episode({**_raw(), "rewards": [{"value": float("inf")}]})
 
 
+def test_each_bad_log_prob_is_named():
+    def parse(logprobs):
+        raw = _raw()
+        raw["actions"][0]["output"] = {"token_ids": list(range(len(logprobs))), "logprobs": logprobs}
+        return parse_episode(raw)
+
+    # Their sum overflows to -inf, yet every one is a finite log-prob.
+    assert parse([-1e308, -1e308, 0.0]).actions[0].output.logprobs == [-1e308, -1e308, 0.0]
+    for logprobs, reason in (
+        ([-0.5, float("-inf")], "log-prob 1 is -inf; log-probs must be finite"),
+        ([float("nan"), -0.1], "log-prob 0 is nan; log-probs must be finite"),
+        ([-0.1, float("inf")], "log-prob 1 is inf; log-probs must be finite"),
+        ([-0.1, 0.5, float("nan")], "log-prob 1 is 0.5 > 0; a log-probability is at most 0"),
+    ):
+        with pytest.raises(RecordError) as e:
+            parse(logprobs)
+        assert (e.value.field, e.value.reason) == ("actions.0.output.logprobs", "Value error, " + reason)
+
+
 def test_reward_for_unknown_agent_or_action_is_refused():
     with pytest.raises(RecordError, match=r"rewards\.0\.agent: unknown agent 'ghost'"):
         parse_episode({**_raw(), "rewards": [{"value": 1.0, "agent": "ghost"}]})

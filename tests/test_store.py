@@ -3,6 +3,7 @@ the change log, refusals and dead letters, schema versions, and the background w
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -280,6 +281,21 @@ def test_a_database_of_another_store_schema_version_is_refused(store_url):
     s.close()
     with pytest.raises(MarftError, match="written with store schema version 99, but this marft_bridge uses version 1"):
         TraceStore.open(store_url)
+
+
+def test_a_write_transaction_holds_the_sqlite_write_lock_from_its_start(tmp_path):
+    # A merge reads, then writes: taking the lock at BEGIN (IMMEDIATE) keeps two merging writers
+    # from deadlocking on a lock upgrade.
+    store = TraceStore.open(tmp_path / "t.db")
+    other = sqlite3.connect(tmp_path / "t.db", timeout=0, isolation_level=None)
+    with store._write_tx():
+        with pytest.raises(sqlite3.OperationalError, match="database is locked"):
+            other.execute("BEGIN IMMEDIATE")
+        assert store.count() == 0  # readers go on (WAL)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("ROLLBACK")
+    other.close()
+    store.close()
 
 
 def test_urls_and_default_path(tmp_path, monkeypatch):
