@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -14,38 +15,38 @@ from marft_bridge.demo import task, warmstart
 
 
 def test_known_question_plans_solutions_and_answers():
-    assert task.solve("7+5*3") == 22
+    assert task.solve("4+5*3") == 19
     assert task.solve("4*3-2") == 10
-    assert task.plan_text("7+5*3", "right") == "5*3 then 7+"
-    assert task.plan_text("7+5*3", "left") == "7+5 then *3"
-    assert task.solution_text("7+5*3", "right") == "5*3=15,7+15=22"
-    assert task.solution_text("7+5*3", "left") == "7+5=12,12*3=36"
+    assert task.plan_text("4+5*3", "right") == "4+(5*3)"
+    assert task.plan_text("4+5*3", "left") == "(4+5)*3"
+    assert task.solution_text("4+5*3", "right") == "5*3=15,4+15=19"
+    assert task.solution_text("4+5*3", "left") == "4+5=9,9*3=27"
     assert task.solution_text("4*3-2", "right") == "3-2=1,4*1=4"
-    assert task.single_agent_reply("4*3-2", "left") == "4*3 then -2\n4*3=12,12-2=10"
-    assert task.plan_order("7+5*3", " 5*3 then 7+\n") == "right"
-    assert task.plan_order("7+5*3", "7+5 then *3") == "left"
-    assert task.plan_order("7+5*3", "5*3 then 7-") is None
-    assert task.Problem("7+5*3", 22).correct_order == "right"
+    assert task.single_agent_reply("4*3-2", "left") == "(4*3)-2\n4*3=12,12-2=10"
+    assert task.plan_order("4+5*3", " 4+(5*3)\n") == "right"
+    assert task.plan_order("4+5*3", "(4+5)*3") == "left"
+    assert task.plan_order("4+5*3", "4-(5*3)") is None
+    assert task.Problem("4+5*3", 19).correct_order == "right"
     assert task.Problem("4*3-2", 10).correct_order == "left"
 
 
 def test_checker_accepts_correct_and_refuses_wrong_answers():
-    assert task.reward("7+5*3", "5*3=15,7+15=22") == 1.0
-    assert task.reward("7+5*3", "22") == 1.0
-    assert task.reward("7+5*3", "7+5=12,12*3=36") == 0.0  # wrong order
-    assert task.reward("7+5*3", "5*3=15,7+15=21") == 0.0  # arithmetic slip
-    assert task.reward("7+5*3", "22,7") == 0.0  # the last number is the answer
-    assert task.reward("7+5*3", "") == 0.0
-    assert task.reward("7+5*3", None) == 0.0
-    assert task.reward("7+5*3", "no idea") == 0.0
+    assert task.reward("4+5*3", "5*3=15,4+15=19") == 1.0
+    assert task.reward("4+5*3", "19") == 1.0
+    assert task.reward("4+5*3", "4+5=9,9*3=27") == 0.0  # wrong order
+    assert task.reward("4+5*3", "5*3=15,4+15=18") == 0.0  # arithmetic slip
+    assert task.reward("4+5*3", "19,4") == 0.0  # the last number is the answer
+    assert task.reward("4+5*3", "") == 0.0
+    assert task.reward("4+5*3", None) == 0.0
+    assert task.reward("4+5*3", "no idea") == 0.0
     assert task.extract_answer("3-5=-2") == -2
     with pytest.raises(ValueError, match="not a demo question"):
-        task.reward("7+5*", "12")
+        task.reward("4+5*", "12")
 
 
 def test_every_question_needs_the_right_plan():
     problems = task.all_problems()
-    assert len(problems) == len({p.question for p in problems}) > 400
+    assert len(problems) == len({p.question for p in problems}) > 400  # 485 with digits 1-6
     for p in problems:
         a, op1, b, op2, c = p.operands
         assert sorted([op1, op2]) in (["*", "+"], ["*", "-"])
@@ -64,7 +65,7 @@ def test_splits_are_deterministic_and_disjoint():
     assert s0 == again
     assert s0.heldout != s1.heldout
     train, held = {p.question for p in s0.train}, {p.question for p in s0.heldout}
-    assert len(held) == len(s0.heldout) == task.make_splits(0).heldout.__len__()
+    assert len(held) == len(s0.heldout) == 100
     assert not train & held
     assert train | held == {p.question for p in task.all_problems()}
     assert task.sample_problems(s0.train, 20, seed=3) == task.sample_problems(s0.train, 20, seed=3)
@@ -96,33 +97,36 @@ def test_demonstrations_are_imperfect_by_the_configured_fractions():
 # -- warm-started base model ----------------------------------------------------------------------------
 
 
+REPO_MODELS = Path(__file__).resolve().parents[1] / warmstart.DEFAULT_CACHE_DIR
+
+
 @pytest.fixture(scope="module")
-def warm_model(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("models")
+def warm_model():
+    """The demo's default warm-started model, from the same cache `make demo` uses (built if missing)."""
+    return warmstart.warm_start(cache_dir=REPO_MODELS)
+
+
+def test_warm_start_trains_once_then_loads_from_the_cache(tmp_path):
+    cfg = warmstart.WarmStartConfig(steps=3, batch_size=4, hidden_size=32, intermediate_size=64, warmup_steps=1)
     steps = []
-    path = warmstart.warm_start(cache_dir=cache, progress=lambda s, n, loss: steps.append(s))
-    assert steps[-1] == warmstart.WarmStartConfig().steps
-    return cache, path
-
-
-def test_warm_start_is_cached_by_settings(warm_model):
-    cache, path = warm_model
-    cfg = warmstart.WarmStartConfig()
-    assert path == cache / cfg.dirname()
+    path = warmstart.warm_start(cfg, cache_dir=tmp_path, progress=lambda s, n, loss: steps.append((s, n)))
+    assert steps == [(1, 3), (2, 3), (3, 3)]
+    assert path == tmp_path / cfg.dirname() and path.name.startswith("demo-base-")
     assert (path / "model.safetensors").exists() and not list(path.glob("*.bin"))
     calls = []
-    assert warmstart.warm_start(cache_dir=cache, progress=lambda *a: calls.append(a)) == path
+    assert warmstart.warm_start(cfg, cache_dir=tmp_path, progress=lambda *a: calls.append(a)) == path
     assert calls == []  # loaded from the cache, not trained again
     assert warmstart.read_meta(path)["config"] == cfg.model_dump()
     assert cfg.model_copy(update={"seed": 1}).dirname() != cfg.dirname()
-    assert not list(cache.glob(".*.tmp"))
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary directory left behind
+    with pytest.raises(ValueError):
+        warmstart.WarmStartConfig(plan_error_rate=1.5)
 
 
 def test_warm_model_is_competent_but_imperfect(warm_model):
     from marft_bridge.demo import evaluate
 
-    _, path = warm_model
-    model, tokenizer = evaluate.load_model(path)
+    model, tokenizer = evaluate.load_model(warm_model)
     held = task.make_splits(0).heldout
     result = evaluate.evaluate_two_agent(model, tokenizer, held, temperature=0.7, seed=0)
     assert 0.3 <= result.accuracy <= 0.6, result
@@ -206,13 +210,13 @@ def test_app_runs_planner_then_solver_through_chat_openai(fake_server):
     url, requests = fake_server
     app = build_app(url, api_key="k1", temperature=0.5, max_tokens=24)
     assert set(app.get_graph().nodes) == {"__start__", "planner", "solver", "__end__"}
-    state = app.invoke({"question": "7+5*3"})
-    assert state == {"question": "7+5*3", "plan": "5*3 then 7+", "answer": "5*3=15,7+15=22"}
+    state = app.invoke({"question": "4+5*3"})
+    assert state == {"question": "4+5*3", "plan": "4+(5*3)", "answer": "5*3=15,4+15=19"}
     assert task.reward(state["question"], state["answer"]) == 1.0
     assert [r["model"] for r in requests] == ["planner", "solver"]
     assert all(r["path"] == "/v1/chat/completions" for r in requests)
-    assert requests[0]["messages"] == task.planner_messages("7+5*3")
-    assert requests[1]["messages"] == task.solver_messages("7+5*3", "5*3 then 7+")
+    assert requests[0]["messages"] == task.planner_messages("4+5*3")
+    assert requests[1]["messages"] == task.solver_messages("4+5*3", "4+(5*3)")
     for r in requests:
         assert r["auth"] == "Bearer k1"
         assert r["logprobs"] is True
@@ -238,8 +242,8 @@ def test_single_agent_app_does_the_whole_task_in_one_call(fake_server):
     url, requests = fake_server
     app = build_single_agent_app(url, model="single")
     assert set(app.get_graph().nodes) == {"__start__", "agent", "__end__"}
-    state = app.invoke({"question": "7+5*3"})
-    assert state == {"question": "7+5*3", "plan": "5*3 then 7+", "answer": "5*3 then 7+\n5*3=15,7+15=22"}
-    assert task.reward("7+5*3", state["answer"]) == 1.0
+    state = app.invoke({"question": "4+5*3"})
+    assert state == {"question": "4+5*3", "plan": "4+(5*3)", "answer": "4+(5*3)\n5*3=15,4+15=19"}
+    assert task.reward("4+5*3", state["answer"]) == 1.0
     assert [r["model"] for r in requests] == ["single"]
-    assert requests[0]["messages"] == task.single_agent_messages("7+5*3")
+    assert requests[0]["messages"] == task.single_agent_messages("4+5*3")

@@ -19,7 +19,7 @@ DEFAULT_MAX_TOKENS = 32
 
 class DemoState(TypedDict, total=False):
     question: str  # "7+5*3"
-    plan: str  # the planner's reply ("5*3 then 7+"); for the single agent, the first line of its reply
+    plan: str  # the planner's reply ("7+(5*3)"); for the single agent, the first line of its reply
     answer: str  # the solver's reply ("5*3=15,7+15=22"); task.reward(question, answer) checks it
 
 

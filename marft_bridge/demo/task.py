@@ -1,8 +1,8 @@
 """The demo task: two-operator arithmetic where the order of operations is the planner's job.
 
-A question is ``a op b op c`` with digits 1-9, one ``*`` and one ``+`` or ``-`` ("7+5*3",
+A question is ``a op b op c`` with digits 1-6, one ``*`` and one ``+`` or ``-`` ("7+5*3",
 "4*3-2"), chosen so that doing the two steps in the wrong order gives a different number. The
-*planner* reasons without computing: it says which step comes first ("5*3 then 7+"). The *solver*
+*planner* reasons without computing: it brackets the step that comes first ("7+(5*3)"). The *solver*
 computes by following the plan step by step ("5*3=15,7+15=22"); the last number is its answer. A
 wrong plan therefore makes even a perfect solver wrong, which is the two-agent credit-assignment
 problem MARFT is about. Everything is character-level and short (tens of characters) so a tiny model
@@ -27,7 +27,7 @@ Order = Literal["left", "right"]
 _OPS = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
 _QUESTION = re.compile(r"^\s*(\d)\s*([-+*])\s*(\d)\s*([-+*])\s*(\d)\s*$")
 _INT = re.compile(r"-?\d+")
-MAX_OPERAND = 9  # operands are digits 1..MAX_OPERAND
+MAX_OPERAND = 6  # operands are digits 1..MAX_OPERAND
 MAX_VALUE = 99  # every intermediate and final value, in either order, stays in 0..99
 
 
@@ -75,11 +75,12 @@ def solve(question: str) -> int:
 
 
 def plan_text(question: str, order: Order) -> str:
-    """The plan for ``order`` without any result: ``"5*3 then 7+"`` or ``"7+5 then *3"``."""
+    """The plan for ``order``, without any result: the question with the first step bracketed,
+    ``"(7+5)*3"`` or ``"7+(5*3)"``."""
     a, op1, b, op2, c = parse_question(question)
     if order == "left":
-        return f"{a}{op1}{b} then {op2}{c}"
-    return f"{b}{op2}{c} then {a}{op1}"
+        return f"({a}{op1}{b}){op2}{c}"
+    return f"{a}{op1}({b}{op2}{c})"
 
 
 def plan_order(question: str, plan: str) -> Order | None:
@@ -169,7 +170,7 @@ class Splits:
     heldout: list[Problem]
 
 
-def make_splits(seed: int = 0, heldout_size: int = 256) -> Splits:
+def make_splits(seed: int = 0, heldout_size: int = 100) -> Splits:
     """A seeded partition of :func:`all_problems` into training and held-out questions (disjoint)."""
     problems = all_problems()
     if not 0 < heldout_size < len(problems):

@@ -46,18 +46,18 @@ class WarmStartConfig(BaseModel):
     name: str = Field(default="demo-base", pattern=r"^[A-Za-z0-9_.-]+$")
     seed: int = 0
     split_seed: int = Field(default=0, description="seed of task.make_splits; only its train split is used")
-    heldout_size: int = 256
-    hidden_size: int = 128
-    num_layers: int = 3
+    heldout_size: int = 100
+    hidden_size: int = 64
+    num_layers: int = 2
     num_heads: int = 4
     num_kv_heads: int = 2
     intermediate_size: int = 256
-    steps: int = Field(default=300, ge=1)
-    batch_size: int = Field(default=64, ge=1)
+    steps: int = Field(default=1200, ge=1)
+    batch_size: int = Field(default=32, ge=1)
     lr: float = Field(default=3e-3, gt=0)
     warmup_steps: int = Field(default=20, ge=0)
-    plan_error_rate: float = Field(default=0.35, ge=0, le=1, description="fraction of demo plans in the wrong order")
-    answer_error_rate: float = Field(default=0.2, ge=0, le=1, description="fraction of demo results that are off")
+    plan_error_rate: float = Field(default=0.3, ge=0, le=1, description="fraction of demo plans in the wrong order")
+    answer_error_rate: float = Field(default=0.1, ge=0, le=1, description="fraction of demo results that are off")
 
     def key(self) -> str:
         blob = json.dumps({"recipe": RECIPE_VERSION, **self.model_dump()}, sort_keys=True)
