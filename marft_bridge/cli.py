@@ -15,6 +15,7 @@ COMMAND_MODULES = [
     "marft_bridge.store.cli",
     "marft_bridge.serving.cli",
     "marft_bridge.trainers.cli",
+    "marft_bridge.commands",
 ]
 
 

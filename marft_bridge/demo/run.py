@@ -58,14 +58,17 @@ class DemoSettings(BaseModel):
 class _Run:
     """One (method, seed): its trainer, its adapter names on the server, its instrumented app."""
 
-    def __init__(self, method: str, seed: int, base: Path, server, publisher, registry, store, s: DemoSettings):
+    def __init__(self, method: str, seed: int, base: Path, server, key: str, registry, store, s: DemoSettings):
         from ..adapters.langgraph import instrument
         from ..trainers.config import MarftConfig
         from ..trainers.marft import MarftTrainer
         from . import app as demo_app
         from . import task
 
-        self.method, self.seed, self.registry, self.publisher, self.store = method, seed, registry, publisher, store
+        from ..serving import EmbeddedServerPublisher
+
+        self.method, self.seed, self.registry, self.store = method, seed, registry, store
+        self.publisher = EmbeddedServerPublisher(server.url, key)
         self.source = f"demo/{method}/s{seed}"
         single = method == "single_agent"
         # Captured agents are the graph's node names; the server names adapters per run.
@@ -73,10 +76,10 @@ class _Run:
         self.served = {a: f"{a}-{method}-s{seed}".replace("_", "-") for a in self.agents}
         self.trainer = MarftTrainer(MarftConfig(mode=method, seed=seed, **s.trainer), base, agents=self.agents)
         if single:
-            build = lambda: demo_app.build_single_agent_app(server.url, model=self.served["agent"],  # noqa: E731
+            build = lambda: demo_app.build_single_agent_app(server.url, key, model=self.served["agent"],  # noqa: E731
                                                             temperature=s.temperature)
         else:
-            build = lambda: demo_app.build_app(server.url, planner_model=self.served["planner"],  # noqa: E731
+            build = lambda: demo_app.build_app(server.url, key, planner_model=self.served["planner"],  # noqa: E731
                                                solver_model=self.served["solver"], temperature=s.temperature)
         self.eval_app = build()
         self.app = instrument(build(), store=store, source=self.source,
@@ -119,10 +122,10 @@ def run_demo(out: str | Path = ".marft/demo", quick: bool = False, seeds: int | 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..serving import AdapterRegistry, EmbeddedServerPublisher, ServerProcess
+    from ..serving import AdapterRegistry, ServerProcess
     from ..store import TraceStore
     from . import task
-    from .warmstart import warm_start
+    from .warmstart import WarmStartConfig, warm_start
 
     s = settings or (DemoSettings.quick() if quick else DemoSettings())
     s = s.model_copy(update={k: v for k, v in {"seeds": seeds, "iterations": iterations}.items() if v})
@@ -134,8 +137,10 @@ def run_demo(out: str | Path = ".marft/demo", quick: bool = False, seeds: int | 
     started = time.perf_counter()
 
     console.print("[bold]1/3[/] warm-started base model (cached under .marft/models)")
-    base = warm_start()
-    splits = task.make_splits(seed=0, heldout_size=max(s.heldout, 1))
+    warm = WarmStartConfig()
+    base = warm_start(warm)
+    # The warm start's own split: its demonstrations never saw these held-out questions.
+    splits = task.make_splits(seed=warm.split_seed, heldout_size=warm.heldout_size)
     heldout = splits.heldout[: s.heldout]
     store = TraceStore.open(out / "traces.db")
     registry = AdapterRegistry(out / "registry")
@@ -149,11 +154,10 @@ def run_demo(out: str | Path = ".marft/demo", quick: bool = False, seeds: int | 
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("{task.fields[status]}"), console=console,
     ) as bar:
-        publisher = EmbeddedServerPublisher(server.url, key)
         job = bar.add_task("runs", total=len(s.methods) * s.seeds * s.iterations, status="")
         for method in s.methods:
             for seed in range(s.seeds):
-                run = _Run(method, seed, base, server, publisher, registry, store, s)
+                run = _Run(method, seed, base, server, key, registry, store, s)
                 curve = [run.accuracy(heldout, s.concurrency)]
                 for it in range(s.iterations):
                     bar.update(job, description=f"{METHODS[method]} seed {seed}",
