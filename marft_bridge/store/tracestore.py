@@ -14,6 +14,7 @@ import importlib
 import json
 import logging
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -217,7 +218,7 @@ class TraceStore:
             ).first()
             if known is None:
                 raise RecordError(name, "reward.action_id", f"unknown action id {reward.action_id!r}")
-        conn.exec_driver_sql(self._sql[t.rewards], [_reward_row(episode_id, row.n_rewards, reward)])
+        self._insert(conn, t.rewards, [_reward_row(episode_id, row.n_rewards, reward)])
         conn.execute(
             t.episodes.update().where(t.episodes.c.id == episode_id).values(n_rewards=row.n_rewards + 1)
         )
@@ -242,8 +243,15 @@ class TraceStore:
         merges cannot deadlock on a lock upgrade."""
         with self._engine.begin() as conn:
             if not self.is_postgres:
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
+                _sqlite_run(conn, "BEGIN IMMEDIATE")
             yield conn
+
+    def _insert(self, conn: sa.Connection, table: sa.Table, params: dict | list[dict]) -> Any:
+        """Run one of the write path's INSERTs; returns the first row a single insert RETURNs."""
+        if self.is_postgres:  # through SQLAlchemy, which also notices a dropped server connection
+            result = conn.exec_driver_sql(self._sql[table], params)
+            return result.first() if result.returns_rows else None
+        return _sqlite_run(conn, self._sql[table], params)
 
     def _lock_episode(self, episode_id: str) -> sa.Select:
         q = sa.select(t.episodes.c.id, t.episodes.c.n_actions, t.episodes.c.n_rewards).where(t.episodes.c.id == episode_id)
@@ -251,7 +259,7 @@ class TraceStore:
 
     def _write_episode_tx(self, conn: sa.Connection, ep: Episode | None, rows: _Rows | None, data: dict,
                           err: RecordError | None) -> None:
-        if rows is not None and conn.exec_driver_sql(self._sql[t.episodes], rows.episode).first() is not None:
+        if rows is not None and self._insert(conn, t.episodes, rows.episode) is not None:
             self._insert_children(conn, rows)
             self._log_change(conn, ep.id, "add")
             return
@@ -270,14 +278,14 @@ class TraceStore:
     def _insert_children(self, conn: sa.Connection, rows: _Rows) -> None:
         for table, batch in ((t.episode_agents, rows.agents), (t.actions, rows.actions), (t.rewards, rows.rewards)):
             if batch:
-                conn.exec_driver_sql(self._sql[table], batch)
+                self._insert(conn, table, batch)
 
     def _log_change(self, conn: sa.Connection, episode_id: str, kind: str) -> None:
         if self.is_postgres:
             # Sequence numbers are handed out at insert but become visible at commit; holding this
             # lock to commit makes the visible order the seq order, so a poller never skips one.
             conn.execute(sa.text(f"lock table {t.changes.name} in exclusive mode"))
-        conn.exec_driver_sql(self._sql[t.changes], {"episode_id": episode_id, "kind": kind, "created_at": time.time()})
+        self._insert(conn, t.changes, {"episode_id": episode_id, "kind": kind, "created_at": time.time()})
 
     def _dead_letter(self, err: RecordError, raw: Any) -> None:
         text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace") if isinstance(raw, bytes) else _safe_dumps(raw)
@@ -569,8 +577,8 @@ def _create_engines(url: str) -> tuple[sa.Engine, sa.Engine]:
 def _write_sql(dialect: sa.Dialect, insert_new: sa.Insert) -> dict[sa.Table, str]:
     """The write path's INSERTs as driver SQL, compiled once from the table definitions.
 
-    Executed with ``exec_driver_sql`` they skip SQLAlchemy's per-call statement compilation and
-    parameter processing, which cost more than the inserts themselves. Parameters are named so
+    Run as driver SQL they skip SQLAlchemy's per-call statement compilation and parameter
+    processing, which cost more than the inserts themselves. Parameters are named so
     the same row dicts feed SQLite (``:name``) and psycopg (``%(name)s``); ``insert_new`` is the
     episode insert that returns the id only when it is new.
     """
@@ -583,6 +591,24 @@ def _write_sql(dialect: sa.Dialect, insert_new: sa.Insert) -> dict[sa.Table, str
     }
     sql[t.episodes] = str(insert_new.compile(dialect=dialect))
     return sql
+
+
+def _sqlite_run(conn: sa.Connection, sql: str, params: dict | list[dict] | None = None) -> Any:
+    """Run driver SQL on the DBAPI cursor inside ``conn``'s transaction (a list of params: executemany).
+
+    SQLAlchemy's per-statement bookkeeping costs more than a small SQLite insert, so the write path
+    skips it; errors are wrapped as SQLAlchemy's, so retries and messages stay the same.
+    """
+    cur = conn.connection.driver_connection.cursor()
+    try:
+        if isinstance(params, list):
+            cur.executemany(sql, params)
+            return None
+        return cur.execute(sql, params or ()).fetchone()
+    except sqlite3.Error as e:
+        raise sa.exc.DBAPIError.instance(sql, params, e, sqlite3.Error) from e
+    finally:
+        cur.close()
 
 
 def _to_data(item: Episode | dict | str | bytes) -> dict:
