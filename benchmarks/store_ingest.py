@@ -7,8 +7,9 @@ the same rows, measured side by side in one run, and episodes/s read back.
 "bare sqlite3, same rows" inserts exactly the rows TraceStore writes (episode, agents, actions,
 rewards, change log) into the same tables with the same statements, one transaction per episode,
 WAL + synchronous=NORMAL, with every row serialized before the clock starts: the pure database
-cost. TraceStore additionally validates every episode (DAG, lengths, limits), serializes it and
-goes through SQLAlchemy. "action rows only" is a one-table logger, for scale.
+cost. TraceStore additionally re-validates every episode (DAG, lengths, limits), serializes it,
+inserts the episode row with a check for an existing id (merge), and runs each transaction through
+SQLAlchemy. "action rows only" is a one-table logger, for scale.
 """
 
 from __future__ import annotations
