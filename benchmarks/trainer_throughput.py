@@ -114,12 +114,12 @@ def throughput(args):
             t2 = time.perf_counter()
             bare_t.append(t1 - t0)
             marft_t.append(t2 - t1)
-        b, m = statistics.median(bare_t), statistics.median(marft_t)
         print(f"model: hidden {args.hidden}, {args.layers} layers, device {tr.device}; {len(samples)} sequences x "
-              f"{args.epochs} epochs = {tokens} tokens per update (median of {args.repeats})")
-        print(f"  bare forward+backward : {tokens / b:10.0f} tokens/s")
-        print(f"  MARFT-A update        : {tokens / m:10.0f} tokens/s")
-        print(f"  ratio MARFT/bare      : {b / m:10.2f}   (target >= 0.6)")
+              f"{args.epochs} epochs = {tokens} tokens per update; {args.repeats} interleaved repeats")
+        for name, pick in (("median", statistics.median), ("best", min)):  # best: least disturbed by a noisy host
+            b, m = pick(bare_t), pick(marft_t)
+            print(f"  {name:6s} bare forward+backward {tokens / b:8.0f} tokens/s | MARFT-A update {tokens / m:8.0f} "
+                  f"tokens/s | ratio {b / m:.2f} (target >= 0.6)")
 
 
 def _rss() -> int:
@@ -204,8 +204,8 @@ def main():
     p.add_argument("--epochs", type=int, default=4, help="PPO epochs (the reference uses 5)")
     p.add_argument("--minibatches", type=int, default=2)
     p.add_argument("--forward-batch", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: steadiest on a shared host)")
     p.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--skip-memory", action="store_true")
