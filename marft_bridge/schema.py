@@ -370,11 +370,11 @@ def parse_episode(data: str | bytes | dict, record: str | None = None) -> Episod
             raise RecordError(record, None, f"malformed JSON: {e}") from None
     if not isinstance(data, dict):
         raise RecordError(record, None, f"an episode must be a JSON object, not {type(data).__name__}")
-    eid = data.get("id")
-    name = ", ".join(p for p in (record, f"episode {eid}" if isinstance(eid, str) else None) if p) or None
     try:
         return Episode.model_validate(data)
     except ValidationError as e:
+        eid = data.get("id")
+        name = ", ".join(p for p in (record, f"episode {eid}" if isinstance(eid, str) else None) if p) or None
         raise _record_error(e, name) from None
 
 

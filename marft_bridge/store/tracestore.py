@@ -599,16 +599,14 @@ def _sqlite_run(conn: sa.Connection, sql: str, params: dict | list[dict] | None 
     SQLAlchemy's per-statement bookkeeping costs more than a small SQLite insert, so the write path
     skips it; errors are wrapped as SQLAlchemy's, so retries and messages stay the same.
     """
-    cur = conn.connection.driver_connection.cursor()
+    raw = conn.connection.driver_connection
     try:
         if isinstance(params, list):
-            cur.executemany(sql, params)
+            raw.executemany(sql, params)
             return None
-        return cur.execute(sql, params or ()).fetchone()
+        return raw.execute(sql, params or ()).fetchone()
     except sqlite3.Error as e:
         raise sa.exc.DBAPIError.instance(sql, params, e, sqlite3.Error) from e
-    finally:
-        cur.close()
 
 
 def _to_data(item: Episode | dict | str | bytes) -> dict:
