@@ -114,6 +114,8 @@ def test_second_half_of_an_episode_is_appended(store):
     store.add_episode(second)
     assert store.get_episode("x") == got
     assert store.stats()["actions"] == 4
+    assert store.action_ids("x") == {"x-a0", "x-a1", "x-b0", "x-b1"}
+    assert store.action_ids("not-stored") == set()
 
 
 def test_merge_that_breaks_the_dag_is_refused_and_nothing_is_written(store):

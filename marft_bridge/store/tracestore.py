@@ -362,6 +362,12 @@ class TraceStore:
         with self._reader.connect() as conn:
             return conn.execute(sa.select(t.episodes.c.id).where(t.episodes.c.id == episode_id)).first() is not None
 
+    def action_ids(self, episode_id: str) -> set[str]:
+        """Ids of the actions stored for an episode (empty when it is not stored), without loading it."""
+        with self._reader.connect() as conn:
+            rows = conn.execute(sa.select(t.actions.c.id).where(t.actions.c.episode_id == episode_id))
+            return {r[0] for r in rows}
+
     def episodes(
         self,
         *,
