@@ -38,6 +38,7 @@ class DemoSettings(BaseModel):
     concurrency: int = 16
     temperature: float = 0.7
     methods: list[str] = list(METHODS)
+    warmstart: dict = {}  # WarmStartConfig overrides (the model is cached per setting)
     trainer: dict = {
         "lr": 2e-3,
         "critic_lr": 1e-3,
@@ -118,14 +119,15 @@ class _Run:
 
 
 def run_demo(out: str | Path = ".marft/demo", quick: bool = False, seeds: int | None = None,
-             iterations: int | None = None, settings: DemoSettings | None = None) -> dict:
+             iterations: int | None = None, settings: DemoSettings | None = None,
+             model_cache: str | Path | None = None) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..serving import AdapterRegistry, ServerProcess
     from ..store import TraceStore
     from . import task
-    from .warmstart import WarmStartConfig, warm_start
+    from .warmstart import DEFAULT_CACHE_DIR, WarmStartConfig, warm_start
 
     s = settings or (DemoSettings.quick() if quick else DemoSettings())
     s = s.model_copy(update={k: v for k, v in {"seeds": seeds, "iterations": iterations}.items() if v})
@@ -137,8 +139,8 @@ def run_demo(out: str | Path = ".marft/demo", quick: bool = False, seeds: int | 
     started = time.perf_counter()
 
     console.print("[bold]1/3[/] warm-started base model (cached under .marft/models)")
-    warm = WarmStartConfig()
-    base = warm_start(warm)
+    warm = WarmStartConfig(**s.warmstart)
+    base = warm_start(warm, cache_dir=model_cache or DEFAULT_CACHE_DIR)
     # The warm start's own split: its demonstrations never saw these held-out questions.
     splits = task.make_splits(seed=warm.split_seed, heldout_size=warm.heldout_size)
     heldout = splits.heldout[: s.heldout]

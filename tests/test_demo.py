@@ -1,0 +1,82 @@
+"""``marft demo`` end to end: server, capture into the store, MARFT from the store, publish and
+hot-swap, held-out evaluation, results table and learning-curve PNG."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("langgraph")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    from marft_bridge.demo.run import DemoSettings, run_demo
+
+    out = tmp_path_factory.mktemp("demo")
+    # A short warm start keeps the test quick: it checks the loop, not how good the model gets.
+    settings = DemoSettings.quick().model_copy(update={"warmstart": {"steps": 60}})
+    results = run_demo(out=out, settings=settings, model_cache=tmp_path_factory.mktemp("models"))
+    return out, results
+
+
+def test_demo_prints_results_and_writes_the_curve(demo):
+    out, results = demo
+    systems = [r["system"] for r in results["rows"]]
+    assert systems == ["untrained system", "MARFT-A", "MARFT-T", "single-agent PPO"]
+    for row in results["rows"]:
+        mean, std = row["accuracy"]
+        assert 0.0 <= mean <= 1.0 and std >= 0.0
+    assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((out / "results.json").read_text())["rows"] == json.loads(json.dumps(results["rows"]))
+
+
+def test_episodes_have_the_right_agents_dependencies_and_versions(demo):
+    from marft_bridge.store import TraceStore
+
+    out, results = demo
+    store = TraceStore.open(out / "traces.db")
+    s = results["settings"]
+    runs = len(s["methods"]) * s["seeds"]
+    assert store.count() == runs * s["iterations"] * s["episodes_per_iteration"] == results["checks"]["episodes"]
+
+    two_agent = list(store.episodes(source="demo/marft_a/s0"))
+    assert len(two_agent) == s["iterations"] * s["episodes_per_iteration"]
+    for ep in two_agent:
+        assert [a.agent for a in ep.actions] == ["planner", "solver"]
+        planner, solver = ep.actions
+        assert planner.depends_on == [] and solver.depends_on == [planner.id]
+        assert solver.step > planner.step
+        assert len(ep.rewards) == 1 and ep.rewards[0].value in (0.0, 1.0)
+        for a in ep.actions:  # token-level data came from the server, exactly as sampled
+            assert a.token_source == "server" and len(a.output.token_ids) == len(a.output.logprobs) > 0
+            assert a.observation.prompt_token_ids
+
+    # The untrained adapters were v1; each iteration published and hot-swapped the next version,
+    # and the episodes of iteration k were served by version k+1, as their actions record.
+    by_version: dict[int, int] = {}
+    for ep in two_agent:
+        versions = {a.policy.name: a.policy.version for a in ep.actions}
+        assert set(versions) == {"planner-marft-a-s0", "solver-marft-a-s0"}
+        assert len(set(versions.values())) == 1
+        v = versions["planner-marft-a-s0"]
+        by_version[v] = by_version.get(v, 0) + 1
+    assert by_version == {k + 1: s["episodes_per_iteration"] for k in range(s["iterations"])}
+    assert results["checks"]["versions_recorded"] is True
+
+    single = list(store.episodes(source="demo/single_agent/s0"))
+    assert single and all([a.agent for a in ep.actions] == ["agent"] for ep in single)
+
+
+def test_registry_holds_every_published_version(demo):
+    from marft_bridge.serving import AdapterRegistry
+
+    out, results = demo
+    reg = AdapterRegistry(out / "registry")
+    n = results["settings"]["iterations"] + 1  # the untrained v1, then one per iteration
+    for name in ("planner-marft-a-s0", "solver-marft-t-s0", "agent-single-agent-s0"):
+        assert reg.versions(name) == list(range(1, n + 1))
+        assert reg.current(name) == n
+        assert reg.manifest(name, n).parent == n - 1
