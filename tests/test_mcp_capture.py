@@ -96,7 +96,10 @@ def test_agent_tool_steps_sampling_and_server_half(store):
     ep, _ = _run_agent(store, server, calls, "2 + 3 = 5")
     assert_tool_episode(ep)
     assert capture_stats()["errors"] == 0
-    assert store.count() == 1  # the server's half merged into the client's episode
+    assert store.count() == 1
+    # Client and server live in one process: the server's half went straight into the client's
+    # recorder (one write, no join writer).
+    assert prop.join_writer(store).written == 0
 
 
 def test_error_results_are_failed_steps_and_reach_the_caller_unchanged(store):

@@ -105,9 +105,15 @@ class GraphExecutor(AgentExecutor):
 
 
 class EchoExecutor(AgentExecutor):
-    """Replies with the message text: no model, so a benchmark sees the protocol capture alone."""
+    """Replies with the message text: no model, so a benchmark sees the protocol capture alone
+    (``delay_ms``: after that long, like an agent whose work takes time)."""
+
+    def __init__(self, delay_ms: float = 0.0):
+        self.delay_ms = delay_ms
 
     async def execute(self, context, event_queue):
+        if self.delay_ms > 0:
+            await asyncio.sleep(self.delay_ms / 1000)
         await event_queue.enqueue_event(new_text_message(context.get_user_input(), context_id=context.context_id,
                                                          task_id=context.task_id))
 
@@ -135,11 +141,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--store", required=True, help="trace store URL or SQLite path shared by the team")
     ap.add_argument("--delegate", help="the writer's URL (researcher only)")
     ap.add_argument("--no-capture", action="store_true", help="serve without capture (for benchmarks)")
+    ap.add_argument("--delay-ms", type=float, default=0.0, help="echo: reply after this long (for benchmarks)")
     args = ap.parse_args(argv)
     store = mb.TraceStore.open(args.store)
     agent_card = card(args.name, args.port)
     if args.name == "echo":
-        inner = EchoExecutor()
+        inner = EchoExecutor(args.delay_ms)
     elif args.name == "writer":
         inner = GraphExecutor(writer_graph(), store)
     else:

@@ -33,8 +33,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_agent(name: str, port: int, store: str, delegate: str | None = None, capture: bool = True) -> subprocess.Popen:
-    cmd = [sys.executable, str(HERE / "agent.py"), name, "--port", str(port), "--store", store]
+def start_agent(name: str, port: int, store: str, delegate: str | None = None, capture: bool = True,
+                delay_ms: float = 0.0) -> subprocess.Popen:
+    cmd = [sys.executable, str(HERE / "agent.py"), name, "--port", str(port), "--store", store, "--delay-ms", str(delay_ms)]
     if delegate:
         cmd += ["--delegate", delegate]
     if not capture:

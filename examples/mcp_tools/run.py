@@ -115,8 +115,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int, store: str, capture: bool = True) -> subprocess.Popen:
-    cmd = [sys.executable, str(HERE / "server.py"), "--port", str(port), "--store", store]
+def start_server(port: int, store: str, capture: bool = True, delay_ms: float = 0.0) -> subprocess.Popen:
+    cmd = [sys.executable, str(HERE / "server.py"), "--port", str(port), "--store", store, "--delay-ms", str(delay_ms)]
     return subprocess.Popen(cmd + ([] if capture else ["--no-capture"]), env={**os.environ, "OMP_NUM_THREADS": "1"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 

@@ -22,12 +22,16 @@ def ask_client(text: str) -> Sample:
                   max_tokens=32, temperature=0.0, system_prompt="You summarize.")
 
 
-def build_server(name: str = "calc") -> MCPServer:
+def build_server(name: str = "calc", delay_ms: float = 0.0) -> MCPServer:
+    """The example tools; ``delay_ms``: ``add`` first waits that long (a backend that takes time,
+    for benchmarks)."""
     server = MCPServer(name)
 
     @server.tool()
-    def add(a: int, b: int) -> int:
+    async def add(a: int, b: int) -> int:
         """Add two integers."""
+        if delay_ms > 0:
+            await asyncio.sleep(delay_ms / 1000)
         return a + b
 
     @server.tool()
@@ -56,8 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--store", required=True, help="trace store URL or SQLite path shared with the client")
     ap.add_argument("--no-capture", action="store_true", help="serve without capture (for benchmarks)")
+    ap.add_argument("--delay-ms", type=float, default=0.0, help="`add` waits this long first (for benchmarks)")
     args = ap.parse_args(argv)
-    server = build_server()
+    server = build_server(delay_ms=args.delay_ms)
     store = mb.TraceStore.open(args.store)
     if not args.no_capture:
         instrument_server(server, store=store)

@@ -25,6 +25,14 @@ so nothing is lost when the caller never writes its half.
 In the callee's half, steps are shifted to start after the call step, its first action depends
 on the call step, its other actions that depend on nothing captured depend on that first action
 (they started from the request), and agents recorded inside an A2A agent are nested under it.
+
+When both halves live in one process (``mcp.Client(server)`` on an in-process ``MCPServer``, an
+A2A agent calling another one served by the same process) the callee's half skips the store: it
+is recorded straight into the caller's recorder right after the call step, so the episode is
+written once, with no merge and no join writer. The caller's recorder then holds the callee's
+actions while the episode runs (a model call whose prompt quotes a tool result may depend on
+the server's tool action too). A half that arrives after the call step was recorded goes
+through the join writer as usual.
 """
 
 from __future__ import annotations
@@ -35,8 +43,9 @@ import re
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RecordError
@@ -125,6 +134,9 @@ class CallStep:
     step: int
     depends_on: list[str]
     task: Any = None  # the LangGraph task it runs in, if any
+    # Callee halves served in this process, recorded after the call step (see the module doc).
+    halves: list[tuple[dict, JoinWriter]] = field(default_factory=list)
+    settled: bool = False
 
     @property
     def ref(self) -> CallerRef:
@@ -142,16 +154,35 @@ class CallStep:
 
     def record(self, agent: str, kind: str, *, extra_deps: Any = (), started_at: Any = None,
                metadata: dict[str, Any] | None = None, **fields: Any) -> str:
-        """Record the step (after the call) with the given fields."""
+        """Record the step (after the call) with the given fields, then the in-process callee halves."""
         deps = [*self.depends_on, *extra_deps]
         t = self.task
-        if t is not None and not t.run.finished:
-            # Inside a LangGraph node: the step is one of the node's actions, so the data the node
-            # writes (the tool result) carries it to the next model call.
-            fields = {**fields, "action_id": self.action_id, "metadata": metadata or {}}
-            return t.run.record(t, kind, fields, deps, started_at)
-        return self.recorder.record_action(agent, kind=kind, step=self.step, depends_on=deps, started_at=started_at,
-                                           metadata=metadata, action_id=self.action_id, **fields)
+        recorded = False
+        try:
+            if t is not None and not t.run.finished:
+                # Inside a LangGraph node: the step is one of the node's actions, so the data the node
+                # writes (the tool result) carries it to the next model call.
+                fields = {**fields, "action_id": self.action_id, "metadata": metadata or {}}
+                aid = t.run.record(t, kind, fields, deps, started_at)
+            else:
+                aid = self.recorder.record_action(agent, kind=kind, step=self.step, depends_on=deps,
+                                                  started_at=started_at, metadata=metadata, action_id=self.action_id,
+                                                  **fields)
+            recorded = True
+            return aid
+        finally:
+            self._settle(recorded)
+
+    def _settle(self, recorded: bool) -> None:
+        with _IN_FLIGHT_LOCK:
+            self.settled = True
+            halves, self.halves = self.halves, []
+            _IN_FLIGHT.pop(self.action_id, None)
+        for data, writer in halves:
+            if recorded:
+                _record_half(self.recorder, data, writer)
+            else:  # the call step is not in the recorder: the join writer resolves or times out
+                writer.write(data, self.action_id)
 
 
 def begin_call(recorder: EpisodeRecorder, agent: str | None) -> CallStep:
@@ -165,10 +196,67 @@ def begin_call(recorder: EpisodeRecorder, agent: str | None) -> CallStep:
     # The recorder's own records, newest first: ``actions()`` would validate every action per call.
     with recorder._lock:
         acts = [_fields(a) for a in recorder._actions[::-1]]
+    skip = _HALF_IDS.get(recorder)
+    if skip:
+        acts = [a for a in acts if a[3] not in skip]
     llms = [a for a in acts if a[0] == "llm"]
     dep = next((a for a in llms if agent is None or a[1] == agent), llms[0] if llms else None)
     step = dep[2] if dep is not None else (max((a[2] for a in acts), default=-1) + 1)
-    return CallStep(recorder, recorder.new_action_id(), step, [dep[3]] if dep is not None else [])
+    return _in_flight(CallStep(recorder, recorder.new_action_id(), step, [dep[3]] if dep is not None else []))
+
+
+# Call steps made in this process and not yet recorded, by id: a callee served here finds its caller.
+_IN_FLIGHT: weakref.WeakValueDictionary[str, CallStep] = weakref.WeakValueDictionary()
+_IN_FLIGHT_LOCK = threading.Lock()
+# Per caller recorder, the ids of actions that came from in-process callee halves: ``begin_call``
+# skips them, as it would in the caller's process if the callee lived elsewhere.
+_HALF_IDS: weakref.WeakKeyDictionary[EpisodeRecorder, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _in_flight(step: CallStep) -> CallStep:
+    with _IN_FLIGHT_LOCK:
+        _IN_FLIGHT[step.action_id] = step
+    return step
+
+
+def _attach_in_process(data: dict, caller: CallerRef, writer: JoinWriter) -> bool:
+    """Hand a callee half to its caller's call step in this process (same store); False: not
+    here, too late, or the caller writes to another store."""
+    with _IN_FLIGHT_LOCK:
+        step = _IN_FLIGHT.get(caller.action_id)
+        if step is None or step.settled or step.recorder.id != caller.episode_id or step.recorder.closed:
+            return False
+        target = step.recorder.store
+        if isinstance(target, CalleeHalfStore):  # the caller is itself a callee half in this process
+            target = target.store
+        if target is not writer.store:
+            return False
+        step.halves.append((data, writer))
+        return True
+
+
+def _record_half(recorder: EpisodeRecorder, data: dict, writer: JoinWriter) -> None:
+    """Record a callee half into the caller's recorder (its actions were checked when recorded);
+    what the recorder no longer takes (it was finished meanwhile) goes to the join writer."""
+    acts = data["actions"]
+    ids = _HALF_IDS.setdefault(recorder, set())
+    for k, a in enumerate(acts):
+        try:
+            recorder.record_action(
+                a["agent"], kind=a["kind"], step=a["step"], observation=a.get("observation"),
+                output=a.get("output"), sampling=a.get("sampling"), policy=a.get("policy"),
+                depends_on=a["depends_on"], error=a.get("error"), started_at=a.get("started_at"),
+                ended_at=a.get("ended_at"), metadata=a.get("metadata"), token_source=a.get("token_source"),
+                action_id=a["id"], validate=False)
+        except RuntimeError:  # finished meanwhile
+            writer.write({**data, "actions": acts[k:]}, acts[0]["depends_on"][0])
+            return
+        ids.add(a["id"])
+    # As the store's merge would: the half's episode metadata over the caller's, its rewards added.
+    recorder.metadata.update(data.get("metadata") or {})
+    for r in data.get("rewards") or ():
+        recorder.reward(r["value"], agent=r.get("agent"), action_id=r.get("action_id"), source=r.get("source", "unknown"),
+                        metadata=r.get("metadata"))
 
 
 def _fields(a: Any) -> tuple[str, str, int, str]:
@@ -212,7 +300,8 @@ class CalleeHalfStore:
                     a["depends_on"] = [first]
         if caller is not None and caller.action_id and acts:
             acts[0]["depends_on"] = [caller.action_id, *acts[0]["depends_on"]]
-            self.writer.write(data, caller.action_id)
+            if not _attach_in_process(data, caller, self.writer):
+                self.writer.write(data, caller.action_id)
         else:
             self.writer.write(data, None)
 
@@ -260,9 +349,7 @@ class JoinWriter:
 
     def _stored_ids(self, episode_id: str) -> set[str]:
         self.store.flush()  # a caller in this process may still hold its half in the store's queue
-        if not self.store.has_episode(episode_id):
-            return set()
-        return {a.id for a in self.store.get_episode(episode_id).actions}
+        return self.store.action_ids(episode_id)  # one indexed query, the episode is not loaded
 
     def _run(self) -> None:
         while True:
@@ -297,6 +384,7 @@ class JoinWriter:
         """Write the halves of one episode that can be joined now, in one transaction; return the rest."""
         try:
             known = self._stored_ids(eid) if any(c is not None for _, _, c in items) else set()
+            stored = bool(known)
             ready, later, now = [], [], time.monotonic()
             for item in items:
                 deadline, data, caller = item
@@ -309,15 +397,15 @@ class JoinWriter:
                 ready.append(data)
                 known.update(a["id"] for a in data["actions"])
             if ready:
-                self._add(_combine(ready))
+                self._add(_combine(ready), stored)
                 self.written += len(ready)
             return later
         except Exception as e:  # noqa: BLE001 - e.g. the database is busy: try again until the deadline
             capture_error("join.write", e)
             return [it for it in items if time.monotonic() < it[0]]
 
-    def _add(self, data: dict) -> None:
-        if self.store.has_episode(data["id"]):
+    def _add(self, data: dict, stored: bool) -> None:
+        if stored or self.store.has_episode(data["id"]):
             # The caller's half owns the episode's task, status and times; a callee half adds actions.
             for key in ("status", "ended_at", "task"):
                 data[key] = None
