@@ -192,7 +192,7 @@ def begin_call(recorder: EpisodeRecorder, agent: str | None) -> CallStep:
     if t is not None and t.run.recorder is recorder:
         with t.run.lock:
             deps = t.run.sorted_ids(t.deps | frozenset(t.actions))
-        return CallStep(recorder, recorder.new_action_id(), t.step, deps, t)
+        return _in_flight(CallStep(recorder, recorder.new_action_id(), t.step, deps, t))
     # The recorder's own records, newest first: ``actions()`` would validate every action per call.
     with recorder._lock:
         acts = [_fields(a) for a in recorder._actions[::-1]]
