@@ -303,10 +303,10 @@ class CaptureExecutor(AgentExecutor):
         with guarded("a2a.server.close", rec):
             if error is None and reply.state in _FAILED:
                 error = f"task {reply.state}: {reply.text}" if reply.text else f"task {reply.state}"
-            acts = rec.actions()
-            used = {d for a in acts for d in a.depends_on}
+            acts = prop.recorded(rec)
+            used = {d for a in acts for d in a[4]}
             # The first action (the message received) starts everything else in the half.
-            leaves = [a.id for a in acts[1:] if a.id not in used] or [acts[0].id]
+            leaves = [a[3] for a in acts[1:] if a[3] not in used] or [acts[0][3]]
             rec.record_action(self.agent, kind="message", depends_on=leaves, output={"text": reply.text},
                               error=error, metadata={"a2a.context_id": context.context_id, **reply.meta()})
             rec.finish("failed" if error else "completed", error)

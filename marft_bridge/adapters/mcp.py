@@ -236,7 +236,7 @@ class CaptureMiddleware:
             # An intermediate round (the server asks the client's model first): the retried
             # request records the call when it completes.
             with guarded("mcp.server.round", rec):
-                if rec.actions():
+                if prop.recorded(rec):
                     rec.finish()
             return result
         self._record(rec, params, started, t0, result, None)
@@ -250,7 +250,7 @@ class CaptureMiddleware:
             text, is_error = result_text(result) if result is not None else ("", False)
             if is_error and error is None:
                 error = text or "tool returned isError"
-            inner = [a.id for a in rec.actions()]
+            inner = [a[3] for a in prop.recorded(rec)]
             rec.record_action(self.agent, kind="tool", depends_on=inner, started_at=started, output={"text": text},
                               error=error, **fields)
             rec.finish("failed" if error else "completed")

@@ -259,6 +259,14 @@ def _record_half(recorder: EpisodeRecorder, data: dict, writer: JoinWriter) -> N
                         metadata=r.get("metadata"))
 
 
+def recorded(recorder: EpisodeRecorder) -> list[tuple[str, str, int, str, list[str]]]:
+    """(kind, agent, step, id, depends_on) of each action recorded so far, without validating them
+    (``actions()`` validates every action: too slow for a per-call hook)."""
+    with recorder._lock:
+        raw = list(recorder._actions)
+    return [(*_fields(a), list(a["depends_on"] if isinstance(a, dict) else a.depends_on)) for a in raw]
+
+
 def _fields(a: Any) -> tuple[str, str, int, str]:
     """(kind, agent, step, id) of a recorded action (a raw dict or an ``Action``)."""
     if isinstance(a, dict):
