@@ -80,9 +80,9 @@ def test_demonstrations_are_imperfect_by_the_configured_fractions():
     assert demos == warmstart.demonstrations(problems, 3000, seed=0, plan_error_rate=0.3, answer_error_rate=0.2)
     plans = [(m[1]["content"], reply) for m, reply in demos if m[0]["content"] == task.PLANNER_SYSTEM]
     solves = [(m[1]["content"], reply) for m, reply in demos if m[0]["content"] == task.SOLVER_SYSTEM]
-    assert len(plans) == len(solves) == 1000
+    assert (len(plans), len(solves)) == (600, 1200)  # a fifth planner, two fifths solver
     wrong_plans = sum(task.plan_order(q, plan) != task.Problem(q, task.solve(q)).correct_order for q, plan in plans)
-    assert 0.25 < wrong_plans / 1000 < 0.35
+    assert 0.25 < wrong_plans / 600 < 0.35
     # The solver demonstration follows the plan it was given, right or wrong; 20% end in a slip.
     slips = 0
     for user, reply in solves:
@@ -91,7 +91,7 @@ def test_demonstrations_are_imperfect_by_the_configured_fractions():
         expected = task.solution_text(q, order)
         assert reply.rsplit("=", 1)[0] == expected.rsplit("=", 1)[0]
         slips += reply != expected
-    assert 0.15 < slips / 1000 < 0.25
+    assert 0.15 < slips / 1200 < 0.25
 
 
 # -- warm-started base model ----------------------------------------------------------------------------
@@ -128,16 +128,20 @@ def test_warm_model_is_competent_but_imperfect(warm_model):
 
     model, tokenizer = evaluate.load_model(warm_model)
     held = task.make_splits(0).heldout
-    result = evaluate.evaluate_two_agent(model, tokenizer, held, temperature=0.7, seed=0)
-    assert 0.3 <= result.accuracy <= 0.6, result
-    assert 0.5 <= result.plan_accuracy <= 0.9, result
-    # The solver follows the plan it is given: with the wrong plan its answer is the wrong-order value.
+    # Sampled at T=0.7 through both agents; three sampling seeds so sampling noise stays small.
+    results = [evaluate.evaluate_two_agent(model, tokenizer, held, temperature=0.7, seed=s) for s in range(3)]
+    accuracy = sum(r.accuracy for r in results) / 3
+    plan_accuracy = sum(r.plan_accuracy for r in results) / 3
+    assert 0.3 <= accuracy <= 0.6, (accuracy, plan_accuracy)
+    assert 0.6 <= plan_accuracy <= 0.95, (accuracy, plan_accuracy)  # the planner has room too
+    # The solver follows the plan it is given: handed the wrong-order plan, it does that step first
+    # and (almost) never reaches the right answer, so the planner's choice decides the team reward.
     wrong = [("left" if p.correct_order == "right" else "right") for p in held]
     replies = evaluate.generate(
         model, tokenizer, [task.solver_messages(p.question, task.plan_text(p.question, o)) for p, o in zip(held, wrong)], temperature=0
     )
-    follows = sum(task.extract_answer(r) == task.steps(p.question, o)[1][3] for p, o, r in zip(held, wrong, replies))
-    assert follows / len(held) >= 0.4
+    first_steps = [task.solution_text(p.question, o).split("=")[0] for p, o in zip(held, wrong)]
+    assert sum(r.split("=")[0] == f for r, f in zip(replies, first_steps)) / len(held) >= 0.8
     assert sum(task.reward(p.question, r) for p, r in zip(held, replies)) / len(held) <= 0.1
 
 

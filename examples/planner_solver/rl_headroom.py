@@ -37,13 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (rollouts and evaluation)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model-dir", default=None, help="a warm-started model directory (default: build or load the cached one)")
     args = p.parse_args(argv)
 
     import torch
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(args.seed)
-    model_dir = warmstart.warm_start(progress=lambda s, n, loss: print(f"\rwarm start {s}/{n} loss {loss:.3f}", end="") if s % 100 == 0 else None)
+    model_dir = args.model_dir or warmstart.warm_start(progress=lambda s, n, loss: print(f"\rwarm start {s}/{n} loss {loss:.3f}", end="") if s % 100 == 0 else None)
     base, tokenizer = evaluate.load_model(model_dir)
     cfg = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     model = get_peft_model(base, cfg, adapter_name="planner")

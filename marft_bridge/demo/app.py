@@ -1,7 +1,8 @@
 """The demo's two-agent LangGraph app (the MARFT paper's MATH setup in miniature): a *planner* that
-says in which order to do the steps without computing, then a *solver* that computes following the
-plan. Both are ``ChatOpenAI`` models pointed at an OpenAI-compatible server (``marft serve``) with
-``model`` set to the agent's adapter name, so each agent is served by its own LoRA adapter.
+brackets the step to do first without computing ("4+(5*3)"), then a *solver* that computes following
+the plan ("5*3=15,4+15=19"). Both are ``ChatOpenAI`` models pointed at an OpenAI-compatible server
+(``marft serve``) with ``model`` set to the agent's adapter name, so each agent is served by its own
+LoRA adapter.
 
 Every request asks for log-probs and (``extra_body``) the sampled token ids, which the capture hooks
 record as the behaviour policy's data for training.
@@ -18,9 +19,9 @@ DEFAULT_MAX_TOKENS = 32
 
 
 class DemoState(TypedDict, total=False):
-    question: str  # "7+5*3"
-    plan: str  # the planner's reply ("7+(5*3)"); for the single agent, the first line of its reply
-    answer: str  # the solver's reply ("5*3=15,7+15=22"); task.reward(question, answer) checks it
+    question: str  # "4+5*3"
+    plan: str  # the planner's reply ("4+(5*3)"); for the single agent, the first line of its reply
+    answer: str  # the solver's reply ("5*3=15,4+15=19"); task.reward(question, answer) checks it
 
 
 def _api_base(base_url: str) -> str:
@@ -56,7 +57,7 @@ def build_app(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     timeout: float = 120.0,
 ):
-    """The compiled planner → solver graph. Invoke with ``{"question": "7+5*3"}``; the final state
+    """The compiled planner → solver graph. Invoke with ``{"question": "4+5*3"}``; the final state
     holds ``question``, ``plan`` and ``answer``."""
     from langchain_core.runnables import RunnableConfig
     from langgraph.graph import END, START, StateGraph

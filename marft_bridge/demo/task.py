@@ -1,9 +1,9 @@
 """The demo task: two-operator arithmetic where the order of operations is the planner's job.
 
-A question is ``a op b op c`` with digits 1-6, one ``*`` and one ``+`` or ``-`` ("7+5*3",
+A question is ``a op b op c`` with digits 1-6, one ``*`` and one ``+`` or ``-`` ("4+5*3",
 "4*3-2"), chosen so that doing the two steps in the wrong order gives a different number. The
-*planner* reasons without computing: it brackets the step that comes first ("7+(5*3)"). The *solver*
-computes by following the plan step by step ("5*3=15,7+15=22"); the last number is its answer. A
+*planner* reasons without computing: it brackets the step that comes first ("4+(5*3)"). The *solver*
+computes by following the plan step by step ("5*3=15,4+15=19"); the last number is its answer. A
 wrong plan therefore makes even a perfect solver wrong, which is the two-agent credit-assignment
 problem MARFT is about. Everything is character-level and short (tens of characters) so a tiny model
 can generate and train on it quickly.
@@ -49,7 +49,7 @@ class Problem:
 
 
 def parse_question(question: str) -> tuple[int, str, int, str, int]:
-    """``"7+5*3"`` -> ``(7, "+", 5, "*", 3)``; a ValueError names anything else."""
+    """``"4+5*3"`` -> ``(4, "+", 5, "*", 3)``; a ValueError names anything else."""
     m = _QUESTION.match(question)
     if m is None:
         raise ValueError(f"not a demo question (want 'digit op digit op digit', op in + - *): {question!r}")
@@ -76,7 +76,7 @@ def solve(question: str) -> int:
 
 def plan_text(question: str, order: Order) -> str:
     """The plan for ``order``, without any result: the question with the first step bracketed,
-    ``"(7+5)*3"`` or ``"7+(5*3)"``."""
+    ``"(4+5)*3"`` or ``"4+(5*3)"``."""
     a, op1, b, op2, c = parse_question(question)
     if order == "left":
         return f"({a}{op1}{b}){op2}{c}"
@@ -93,7 +93,7 @@ def plan_order(question: str, plan: str) -> Order | None:
 
 
 def solution_text(question: str, order: Order, *, final: int | None = None) -> str:
-    """The worked solution following ``order``: ``"5*3=15,7+15=22"``. ``final`` overrides the last number
+    """The worked solution following ``order``: ``"5*3=15,4+15=19"``. ``final`` overrides the last number
     (used to write imperfect demonstrations)."""
     (x1, o1, y1, r1), (x2, o2, y2, r2) = steps(question, order)
     return f"{x1}{o1}{y1}={r1},{x2}{o2}{y2}={r2 if final is None else final}"

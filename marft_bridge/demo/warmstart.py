@@ -52,19 +52,27 @@ class WarmStartConfig(BaseModel):
     num_heads: int = 4
     num_kv_heads: int = 2
     intermediate_size: int = 256
-    steps: int = Field(default=1200, ge=1)
-    batch_size: int = Field(default=32, ge=1)
+    steps: int = Field(default=1000, ge=1)
+    batch_size: int = Field(default=64, ge=1)
     lr: float = Field(default=3e-3, gt=0)
     warmup_steps: int = Field(default=20, ge=0)
     plan_error_rate: float = Field(default=0.3, ge=0, le=1, description="fraction of demo plans in the wrong order")
     answer_error_rate: float = Field(default=0.1, ge=0, le=1, description="fraction of demo results that are off")
 
     def key(self) -> str:
-        blob = json.dumps({"recipe": RECIPE_VERSION, **self.model_dump()}, sort_keys=True)
+        blob = json.dumps({"recipe": RECIPE_VERSION, "task": task_fingerprint(), **self.model_dump()}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     def dirname(self) -> str:
         return f"{self.name}-{self.key()}"
+
+
+def task_fingerprint() -> str:
+    """What the model is trained to say, so a change to the task's prompts or formats misses the cache."""
+    q = "2+3*4"
+    parts = [task.PLANNER_SYSTEM, task.SOLVER_SYSTEM, task.SINGLE_SYSTEM, task.MAX_OPERAND, task.MAX_VALUE,
+             task.plan_text(q, "left"), task.single_agent_reply(q, "right"), task.solver_messages(q, "p")[1]["content"]]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:12]
 
 
 # -- demonstrations ---------------------------------------------------------------------------------
@@ -79,7 +87,7 @@ def _off_by(value: int, rng: random.Random) -> int:
 def demonstrations(
     problems: list[task.Problem], n: int, *, seed: int, plan_error_rate: float, answer_error_rate: float
 ) -> list[tuple[list[dict[str, str]], str]]:
-    """``n`` (messages, reply) pairs, a third each for the planner, the solver and the single agent.
+    """``n`` (messages, reply) pairs: a fifth for the planner, two fifths each for the solver and the single agent.
 
     The solver always follows the plan it is given (even a wrong one), so the plan decides the
     answer: a wrong planner costs the team its reward however well the solver computes.
@@ -95,10 +103,10 @@ def demonstrations(
         final = None
         if rng.random() < answer_error_rate:
             final = _off_by(task.steps(p.question, order)[1][3], rng)
-        role = i % 3
+        role = i % 5  # the planner's copy-and-bracket is easy; arithmetic (solver, single agent) needs more
         if role == 0:
             out.append((task.planner_messages(p.question), task.plan_text(p.question, order)))
-        elif role == 1:
+        elif role in (1, 2):
             plan = task.plan_text(p.question, order)
             out.append((task.solver_messages(p.question, plan), task.solution_text(p.question, order, final=final)))
         else:
@@ -216,7 +224,8 @@ def warm_start(
     loss = train_sft(model, tokenizer, config, progress)
     seconds = time.perf_counter() - started
     model.save_pretrained(tmp)  # safetensors
-    meta = {"config": config.model_dump(), "recipe": RECIPE_VERSION, "final_loss": loss, "train_seconds": seconds}
+    meta = {"config": config.model_dump(), "recipe": RECIPE_VERSION, "task": task_fingerprint(), "final_loss": loss,
+            "train_seconds": seconds}
     (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     if target.exists():
         shutil.rmtree(target)
