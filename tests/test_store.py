@@ -383,7 +383,7 @@ def test_drop_policy_counts_what_a_full_queue_dropped(tmp_path):
     try:
         store.submit(make_episode(0))
         writer = store._writer
-        while not writer._queue.empty():  # the writer took episode 0 and is waiting for the lock
+        while writer._items:  # the writer took episode 0 and is waiting for the lock
             threading.Event().wait(0.01)
         for i in range(1, 8):
             store.submit(make_episode(i))

@@ -150,9 +150,13 @@ class _Run:
         if self.finished:
             return
         self.finished = True
-        h = self.handler
+        # Reference cycles (run <-> handler, task <-> subgraph state, caller <-> @task) are cut
+        # here: left to the cyclic GC, each run's garbage would cost a collection every few runs.
+        h, self.handler = self.handler, None
         for tid in self.task_ids:
-            _TASK_INDEX.pop(tid, None)
+            t = _TASK_INDEX.pop(tid, None)
+            if t is not None:
+                t.children, t.pushed, t.pusher = [], [], None
         if _CALLS:  # model calls that never ended (an abandoned stream): forget them
             for rid in [rid for rid, c in list(_CALLS.items()) if c.task.run is self]:
                 _CALLS.pop(rid, None)
@@ -617,7 +621,10 @@ def _patch_pregel() -> None:
 
 
 def _finish_owned(loop: Any, exc: BaseException | None) -> None:
-    run = loop.__dict__.get("_marft_owns_run")
+    d = loop.__dict__
+    if d.get("_marft"):
+        d["_marft"] = False  # cuts the loop <-> state cycle; the loop has ended
+    run = d.pop("_marft_owns_run", None)
     if run is not None:
         with guarded("langgraph.finish", run.recorder):
             out = None

@@ -162,6 +162,72 @@ class TraceStore:
             raise e from None
         return ep.id if ep is not None else data["id"]
 
+    def _write_queued(self, items: list[Any]) -> None:
+        """The background writer's group commit: write queued episodes, several per transaction.
+
+        Each episode is still all-or-nothing: all are validated first, one at a time; a run of
+        valid ones is written in one transaction (one commit instead of one per episode, the main
+        cost of small writes), and one that does not validate alone (refused and dead-lettered,
+        or a half that needs the stored half) goes through ``add_episode`` in its place in the
+        order. If a group's transaction fails, its episodes are written one by one, so a bad one
+        cannot take valid ones down with it. Errors are logged, never raised.
+        """
+        group: list[tuple[Episode, _Rows, Any]] = []
+        for item in items:
+            try:
+                ep = parse_episode(_to_data(item))
+                group.append((ep, _episode_rows(ep), item))
+            except RecordError:
+                self._write_group(group)
+                group = []
+                self._write_one(item)
+        self._write_group(group)
+
+    def _write_group(self, group: list[tuple[Episode, _Rows, Any]]) -> None:
+        if not group:
+            return
+        try:
+            self._retry(lambda conn: self._write_new_episodes(conn, group))
+            return
+        except Exception as e:  # noqa: BLE001 - e.g. a merge that does not validate: one by one
+            log.info("group write of %d episode(s) failed (%s); writing them one by one", len(group), e)
+        for _, _, item in group:
+            self._write_one(item)
+
+    def _write_one(self, item: Any) -> None:
+        try:
+            self.add_episode(item)  # a refused record is dead-lettered there
+        except RecordError as e:
+            log.warning("trace refused: %s", e)
+        except Exception:  # noqa: BLE001 - never let one bad write stop the writer
+            log.exception("trace write failed")
+
+    def _write_new_episodes(self, conn: sa.Connection, group: list[tuple[Episode, _Rows, Any]]) -> None:
+        """Validated episodes in one transaction: children rows of new episodes in one executemany
+        per table; an id already stored is merged in its place in the order."""
+        batch = _Rows(None, [], [], [])
+        changes: list[dict] = []
+
+        def write_batch() -> None:
+            self._insert_children(conn, batch)
+            if changes:
+                self._log_changes(conn, changes)
+            batch.agents, batch.actions, batch.rewards = [], [], []
+            changes.clear()
+
+        now = time.time()
+        for ep, rows, item in group:
+            if self._insert(conn, t.episodes, rows.episode) is not None:
+                batch.agents += rows.agents
+                batch.actions += rows.actions
+                batch.rewards += rows.rewards
+                changes.append({"episode_id": ep.id, "kind": "add", "created_at": now})
+                continue
+            write_batch()  # the merge reads the stored episode: everything before it is written first
+            if not self._merge_tx(conn, ep.id, _to_data(item)):
+                raise MarftError(f"episode {ep.id} is neither new nor stored")
+        write_batch()
+
     def add_episodes(self, episodes: Iterable[Episode | dict | str | bytes]) -> WriteReport:
         """Write many episodes (each its own transaction); refused ones are dead-lettered and reported."""
         report = WriteReport()
@@ -264,9 +330,13 @@ class TraceStore:
             self._log_change(conn, ep.id, "add")
             return
         eid = data.get("id")
-        row = conn.execute(self._lock_episode(eid)).first() if isinstance(eid, str) else None
-        if row is None:
+        if not (isinstance(eid, str) and self._merge_tx(conn, eid, data)):
             raise err
+
+    def _merge_tx(self, conn: sa.Connection, eid: str, data: dict) -> bool:
+        """Merge ``data`` into the stored episode ``eid``; False when it is not stored."""
+        if conn.execute(self._lock_episode(eid)).first() is None:
+            return False
         old = self._load(conn, [eid])[0]
         merged, new_actions, new_rewards = _merge(old, data)
         rows = _episode_rows(merged, new_actions, new_rewards, len(old.actions), len(old.rewards))
@@ -274,6 +344,7 @@ class TraceStore:
         conn.execute(t.episodes.update().where(t.episodes.c.id == eid).values(rows.episode))
         self._insert_children(conn, rows)
         self._log_change(conn, eid, "merge")
+        return True
 
     def _insert_children(self, conn: sa.Connection, rows: _Rows) -> None:
         for table, batch in ((t.episode_agents, rows.agents), (t.actions, rows.actions), (t.rewards, rows.rewards)):
@@ -281,11 +352,14 @@ class TraceStore:
                 self._insert(conn, table, batch)
 
     def _log_change(self, conn: sa.Connection, episode_id: str, kind: str) -> None:
+        self._log_changes(conn, [{"episode_id": episode_id, "kind": kind, "created_at": time.time()}])
+
+    def _log_changes(self, conn: sa.Connection, rows: list[dict]) -> None:
         if self.is_postgres:
             # Sequence numbers are handed out at insert but become visible at commit; holding this
             # lock to commit makes the visible order the seq order, so a poller never skips one.
             conn.execute(sa.text(f"lock table {t.changes.name} in exclusive mode"))
-        self._insert(conn, t.changes, {"episode_id": episode_id, "kind": kind, "created_at": time.time()})
+        self._insert(conn, t.changes, rows if len(rows) > 1 else rows[0])
 
     def _dead_letter(self, err: RecordError, raw: Any) -> None:
         text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace") if isinstance(raw, bytes) else _safe_dumps(raw)

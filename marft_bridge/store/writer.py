@@ -2,35 +2,46 @@
 
 Capture hooks run inside the user's application; a slow disk or a bad record must neither block
 nor crash it, so errors are logged and dead-lettered here and never raised into the caller.
+
+The thread writes in groups (``TraceStore._write_queued``: several episodes per transaction).
+Once an episode arrives it waits up to ``linger`` seconds for more before writing them all, so
+under load it wakes, takes the GIL and commits once per group instead of once per episode; a
+``flush()``, ``close()`` or a full queue ends the wait at once.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
-import queue
 import threading
+from collections import deque
 from typing import TYPE_CHECKING, Any
-
-from ..errors import RecordError
 
 if TYPE_CHECKING:
     from .tracestore import TraceStore
 
 log = logging.getLogger("marft_bridge.store")
 
-_STOP = object()
+LINGER_S = 0.05  # a capture episode is seen by readers at most this much later (flush() skips it)
+MAX_GROUP = 500  # episodes per transaction: keeps other writers' waits for the lock short
 
 
 class BackgroundWriter:
-    def __init__(self, store: TraceStore, maxsize: int, on_full: str):
+    def __init__(self, store: TraceStore, maxsize: int, on_full: str, linger: float = LINGER_S):
         self._store = store
-        self._queue: queue.Queue = queue.Queue(maxsize=max(1, maxsize))
+        self._items: deque = deque()
+        self._maxsize = max(1, maxsize)
         self._on_full = on_full
-        self._pending = 0
-        self._done = threading.Condition()
-        self.dropped = 0
+        self._linger = linger
+        lock = threading.Lock()
+        self._has_items = threading.Condition(lock)  # the writer waits for work here
+        self._not_full = threading.Condition(lock)  # blocked submitters wait here
+        self._done = threading.Condition(lock)  # flush() waits here
+        self._pending = 0  # queued + being written
+        self._urgent = False  # flush/stop/full: write now, do not linger
+        self._idle = False  # the writer waits for a first item (submit must wake it)
         self._stopped = False
+        self.dropped = 0
         self._thread = threading.Thread(target=self._run, name="marft-trace-writer", daemon=True)
         self._thread.start()
         # Episodes submitted just before the interpreter exits are still written.
@@ -38,52 +49,69 @@ class BackgroundWriter:
 
     def submit(self, episode: Any) -> None:
         item = _snapshot(episode)
-        with self._done:
+        with self._has_items:
             if self._stopped:  # lost a race with close(): count it, never hang a later flush
                 self.dropped += 1
                 return
-            self._pending += 1
-        if self._on_full == "block":
-            self._queue.put(item)
-            return
-        try:
-            self._queue.put_nowait(item)
-        except queue.Full:
-            with self._done:
-                self._pending -= 1
-                self.dropped += 1
-                if self._pending == 0:
-                    self._done.notify_all()
-            if self.dropped == 1 or self.dropped % 1000 == 0:
-                log.warning("trace queue full: %d episode(s) dropped so far", self.dropped)
+            while len(self._items) >= self._maxsize:
+                self._urgent = True  # the writer stops lingering and drains
+                self._has_items.notify()
+                if self._on_full == "drop":
+                    self.dropped += 1
+                    dropped = self.dropped
+                    break
+                self._not_full.wait()
+            else:
+                self._items.append(item)
+                self._pending += 1
+                if self._idle:
+                    self._idle = False
+                    self._has_items.notify()
+                return
+        if dropped == 1 or dropped % 1000 == 0:
+            log.warning("trace queue full: %d episode(s) dropped so far", dropped)
 
     def flush(self, timeout: float | None = None) -> bool:
         with self._done:
+            if self._pending:
+                self._urgent = True
+                self._has_items.notify()
             return self._done.wait_for(lambda: self._pending == 0, timeout)
 
     def stop(self) -> None:
         atexit.unregister(self.stop)
         if self._thread.is_alive():
             self.flush()
-            with self._done:
+            with self._has_items:
                 self._stopped = True
-            self._queue.put(_STOP)
+                self._has_items.notify()
             self._thread.join()
 
+    def _take(self) -> list[Any] | None:
+        """The next group to write (None: stopped), after lingering for more."""
+        with self._has_items:
+            while not self._items:
+                if self._stopped:
+                    return None
+                self._idle, self._urgent = True, False
+                self._has_items.wait()
+            self._idle = False
+            if not self._urgent and len(self._items) < MAX_GROUP:
+                self._has_items.wait_for(lambda: self._urgent or self._stopped, self._linger)
+            group = [self._items.popleft() for _ in range(min(len(self._items), MAX_GROUP))]
+            self._urgent = bool(self._items) and self._urgent
+            self._not_full.notify_all()
+            return group
+
     def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
+        while (group := self._take()) is not None:
             try:
-                self._store.add_episode(item)  # a refused record is dead-lettered there
-            except RecordError as e:
-                log.warning("trace refused: %s", e)
-            except Exception:  # noqa: BLE001 - never let one bad write kill the writer thread
+                self._store._write_queued(group)  # logs and dead-letters; raises nothing
+            except Exception:  # noqa: BLE001 - never let a bug here kill the writer thread
                 log.exception("trace write failed")
             finally:
                 with self._done:
-                    self._pending -= 1
+                    self._pending -= len(group)
                     if self._pending == 0:  # flush() waits for zero; waking it per episode costs GIL handoffs
                         self._done.notify_all()
 
