@@ -251,3 +251,20 @@ def test_single_agent_app_does_the_whole_task_in_one_call(fake_server):
     assert task.reward("4+5*3", state["answer"]) == 1.0
     assert [r["model"] for r in requests] == ["single"]
     assert requests[0]["messages"] == task.single_agent_messages("4+5*3")
+
+
+def test_app_against_the_real_server_matches_in_process_greedy_generation(warm_model, tmp_path):
+    from marft_bridge.demo import evaluate
+    from marft_bridge.demo.app import build_app
+    from marft_bridge.serving import ServerProcess
+
+    model, tokenizer = evaluate.load_model(warm_model)
+    held = task.make_splits(0).heldout[:4]
+    with ServerProcess(warm_model, tmp_path / "registry", api_key="k") as server:
+        # No adapters published yet: both agents are served by the base model (its directory name).
+        app = build_app(server.url, api_key="k", planner_model=warm_model.name, solver_model=warm_model.name, temperature=0)
+        for p in held:
+            state = app.invoke({"question": p.question})
+            (plan,) = evaluate.generate(model, tokenizer, [task.planner_messages(p.question)], temperature=0)
+            (answer,) = evaluate.generate(model, tokenizer, [task.solver_messages(p.question, plan)], temperature=0)
+            assert (state["plan"], state["answer"]) == (plan, answer)
