@@ -195,6 +195,10 @@ def jsonable(obj: Any) -> Any:
         return repr(obj)
 
 
+def _dump(value: Any) -> Any:
+    return value.model_dump() if hasattr(value, "model_dump") else value
+
+
 def _fast_id() -> str:
     # 128 random bits as 32 hex digits, like uuid4().hex without a system call per id (hot capture
     # path). ``random`` reseeds itself in forked children, so processes do not repeat ids.
@@ -281,24 +285,33 @@ class EpisodeRecorder:
             "id": action_id or _fast_id(), "agent": agent, "kind": kind, "token_source": token_source,
             "error": error, "started_at": started_at, "ended_at": ended_at or utcnow(), "metadata": metadata or {},
         }
-        for key, value in (("observation", observation), ("output", output), ("sampling", sampling),
-                           ("policy", policy)):
-            if value is not None:
-                data[key] = value.model_dump() if hasattr(value, "model_dump") else value
+        # Plain dicts (what the capture hot path passes) are taken as they are.
+        if observation is not None:
+            data["observation"] = observation if type(observation) is dict else _dump(observation)
+        if output is not None:
+            data["output"] = output if type(output) is dict else _dump(output)
+        if sampling is not None:
+            data["sampling"] = sampling if type(sampling) is dict else _dump(sampling)
+        if policy is not None:
+            data["policy"] = policy if type(policy) is dict else _dump(policy)
         with self._lock:
             if self.closed:
                 raise RuntimeError(f"episode {self.id} is already finished")
+            index = self._index
             deps: list[str] = []
-            for d in dict.fromkeys(depends_on or ()):
-                if d in self._index:
+            dep_step = 0
+            for d in dict.fromkeys(depends_on) if depends_on else ():
+                a = index.get(d)
+                if a is not None:
                     deps.append(d)
+                    if a["step"] > dep_step:
+                        dep_step = a["step"]
                 else:
                     capture_error("recording.depends_on", LookupError(f"unknown action id {d!r}"), None)
                     self._errors += 1
             if step is None:
                 step = (max(a["step"] for a in self._actions) + 1) if self._actions else 0
-            dep_step = max((self._index[d]["step"] for d in deps), default=0)
-            data["step"] = max(step, dep_step)
+            data["step"] = step if step >= dep_step else dep_step
             data["depends_on"] = deps
             if validate:
                 Action.model_validate(data)  # one pass in pydantic-core; raises RecordError-like errors

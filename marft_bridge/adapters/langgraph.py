@@ -137,9 +137,10 @@ class _Run:
         extra = fields.pop("metadata", None)
         if extra:
             meta.update(extra)
+        fields["metadata"] = meta
         aid = self.recorder.record_action(
-            task.agent, kind=kind, step=task.step, depends_on=self.sorted_ids(deps), started_at=started,
-            metadata=meta, validate=False, **fields,
+            task.agent, kind=kind, step=task.step, depends_on=self.sorted_ids(deps) if deps else (),
+            started_at=started, validate=False, **fields,
         )
         with self.lock:
             self.order[aid] = len(self.order)
@@ -208,13 +209,22 @@ def _message(m: Any) -> dict[str, Any]:
 
 
 def _sampling(params: dict[str, Any]) -> dict[str, Any] | None:
-    extra = params.get("extra_body") or {}
-    s = {k: params.get(k, extra.get(k)) for k in ("temperature", "top_p", "top_k", "seed")}
-    s["max_tokens"] = params.get("max_tokens") or params.get("max_completion_tokens")
+    extra = params.get("extra_body") or _EMPTY
+    s = {}
+    for k in ("temperature", "top_p", "top_k", "seed"):
+        v = params.get(k, extra.get(k)) if extra else params.get(k)
+        if v is not None:
+            s[k] = v
+    v = params.get("max_tokens") or params.get("max_completion_tokens")
+    if v is not None:
+        s["max_tokens"] = v
     stop = params.get("stop")
-    s["stop"] = [stop] if isinstance(stop, str) else stop
-    s = {k: v for k, v in s.items() if v is not None}
+    if stop is not None:
+        s["stop"] = [stop] if isinstance(stop, str) else stop
     return s or None
+
+
+_EMPTY: dict = {}
 
 
 # -- run settings --------------------------------------------------------------------------------
@@ -348,7 +358,8 @@ def _fields_from_generation(call: _Call, response: Any) -> dict[str, Any]:
     msg = getattr(gen, "message", None)
     info = gen.generation_info or {}
     rmeta = getattr(msg, "response_metadata", None) or {}
-    ids, lps, problem = oa.token_data(info.get("logprobs") or rmeta.get("logprobs"), None)
+    logprobs = info.get("logprobs") or rmeta.get("logprobs")
+    ids, lps, problem = oa.token_data(logprobs, None) if logprobs else (None, None, None)
     return {
         "observation": {"messages": call.messages},
         "output": {"text": gen.text or "", "token_ids": ids, "logprobs": lps, "tool_calls": _tool_calls(msg),
@@ -525,7 +536,10 @@ def _apply_writes(st: _LoopState) -> None:
     written: set[str] = set()
     outputs: dict[str, frozenset[str]] = {}
     # Tasks started by other tasks (functional API) first: their callers' outputs include theirs.
-    for task in sorted(loop.tasks.values(), key=lambda x: 0 if getattr(_TASK_INDEX.get(x.id), "pusher", None) else 1):
+    tasks = loop.tasks.values()
+    if len(tasks) > 1:
+        tasks = sorted(tasks, key=lambda x: 0 if getattr(_TASK_INDEX.get(x.id), "pusher", None) else 1)
+    for task in tasks:
         t = _TASK_INDEX.get(task.id)
         if t is None:
             continue
