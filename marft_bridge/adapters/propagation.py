@@ -153,7 +153,7 @@ class CallStep:
         return None
 
     def record(self, agent: str, kind: str, *, extra_deps: Any = (), started_at: Any = None,
-               metadata: dict[str, Any] | None = None, **fields: Any) -> str:
+               metadata: dict[str, Any] | None = None, validate: bool = True, **fields: Any) -> str:
         """Record the step (after the call) with the given fields, then the in-process callee halves."""
         deps = [*self.depends_on, *extra_deps]
         t = self.task
@@ -167,7 +167,7 @@ class CallStep:
             else:
                 aid = self.recorder.record_action(agent, kind=kind, step=self.step, depends_on=deps,
                                                   started_at=started_at, metadata=metadata, action_id=self.action_id,
-                                                  **fields)
+                                                  validate=validate, **fields)
             recorded = True
             return aid
         finally:
