@@ -172,18 +172,19 @@ class TraceStore:
         order. If a group's transaction fails, its episodes are written one by one, so a bad one
         cannot take valid ones down with it. Errors are logged, never raised.
         """
-        group: list[tuple[Episode, _Rows, Any]] = []
+        group: list[tuple[str, _Rows, Any]] = []  # the validated Episode objects are not kept alive
         for item in items:
             try:
-                ep = parse_episode(_to_data(item))
-                group.append((ep, _episode_rows(ep), item))
-            except RecordError:
+                # JSON (what submit queues) is parsed and validated in one pass in Rust.
+                ep = Episode.model_validate_json(item) if isinstance(item, (bytes, str)) else parse_episode(_to_data(item))
+                group.append((ep.id, _episode_rows(ep), item))
+            except (RecordError, ValidationError):
                 self._write_group(group)
                 group = []
                 self._write_one(item)
         self._write_group(group)
 
-    def _write_group(self, group: list[tuple[Episode, _Rows, Any]]) -> None:
+    def _write_group(self, group: list[tuple[str, _Rows, Any]]) -> None:
         if not group:
             return
         try:
@@ -202,7 +203,7 @@ class TraceStore:
         except Exception:  # noqa: BLE001 - never let one bad write stop the writer
             log.exception("trace write failed")
 
-    def _write_new_episodes(self, conn: sa.Connection, group: list[tuple[Episode, _Rows, Any]]) -> None:
+    def _write_new_episodes(self, conn: sa.Connection, group: list[tuple[str, _Rows, Any]]) -> None:
         """Validated episodes in one transaction: children rows of new episodes in one executemany
         per table; an id already stored is merged in its place in the order."""
         batch = _Rows(None, [], [], [])
@@ -216,16 +217,16 @@ class TraceStore:
             changes.clear()
 
         now = time.time()
-        for ep, rows, item in group:
+        for eid, rows, item in group:
             if self._insert(conn, t.episodes, rows.episode) is not None:
                 batch.agents += rows.agents
                 batch.actions += rows.actions
                 batch.rewards += rows.rewards
-                changes.append({"episode_id": ep.id, "kind": "add", "created_at": now})
+                changes.append({"episode_id": eid, "kind": "add", "created_at": now})
                 continue
             write_batch()  # the merge reads the stored episode: everything before it is written first
-            if not self._merge_tx(conn, ep.id, _to_data(item)):
-                raise MarftError(f"episode {ep.id} is neither new nor stored")
+            if not self._merge_tx(conn, eid, _to_data(item)):
+                raise MarftError(f"episode {eid} is neither new nor stored")
         write_batch()
 
     def add_episodes(self, episodes: Iterable[Episode | dict | str | bytes]) -> WriteReport:

@@ -117,12 +117,22 @@ class BackgroundWriter:
 
 
 def _snapshot(episode: Any) -> Any:
-    """A copy the caller may keep mutating: the dump of an Episode (cheap, done in Rust)."""
+    """A copy the caller may keep mutating: the episode as JSON bytes (done in Rust).
+
+    Bytes also keep the queue out of the cyclic GC's way: queued dicts are thousands of
+    containers that survive young collections and trigger full ones, which cost the app more
+    than the writes themselves. What cannot be serialized is queued as it is and refused (and
+    dead-lettered) by the writer with the reason.
+    """
+    from pydantic_core import to_json
+
     from ..schema import Episode
 
-    if isinstance(episode, Episode):
-        try:
-            return episode.model_dump()
-        except Exception:  # noqa: BLE001 - the writer dead-letters what it cannot parse
-            return repr(episode)
+    try:
+        if isinstance(episode, Episode):
+            return Episode.__pydantic_serializer__.to_json(episode)
+        if isinstance(episode, dict):
+            return to_json(episode)
+    except Exception:  # noqa: BLE001 - the writer dead-letters what it cannot parse
+        return episode if isinstance(episode, dict) else repr(episode)
     return episode
