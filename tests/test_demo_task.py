@@ -123,6 +123,15 @@ def test_warm_start_trains_once_then_loads_from_the_cache(tmp_path):
         warmstart.WarmStartConfig(plan_error_rate=1.5)
 
 
+def test_warm_start_is_bit_identical_for_a_seed(tmp_path):
+    cfg = warmstart.WarmStartConfig(steps=4, batch_size=4, hidden_size=32, intermediate_size=64, warmup_steps=1)
+    a = warmstart.warm_start(cfg, cache_dir=tmp_path / "a")
+    b = warmstart.warm_start(cfg, cache_dir=tmp_path / "b")
+    c = warmstart.warm_start(cfg.model_copy(update={"seed": 1}), cache_dir=tmp_path / "c")
+    weights = [(p / "model.safetensors").read_bytes() for p in (a, b, c)]
+    assert weights[0] == weights[1] != weights[2]
+
+
 def test_warm_model_is_competent_but_imperfect(warm_model):
     from marft_bridge.demo import evaluate
 
