@@ -397,6 +397,48 @@ def test_drop_policy_counts_what_a_full_queue_dropped(tmp_path):
     store.close()
 
 
+def test_queued_episodes_are_written_in_order_with_refusals_and_merges(store):
+    # One group commit: valid episodes share a transaction; a record that does not validate alone is
+    # judged in its place in the order (refused, or merged as the half of a stored episode).
+    half = {"id": "ep0", "actions": [{"id": "late", "agent": "critic", "step": 3, "depends_on": ["0-a2"]}]}
+    store.submit(make_episode(0))
+    store.submit({"id": "bad", "actions": [{"agent": "a", "depends_on": ["ghost"]}]})
+    store.submit(make_episode(1))
+    store.submit(half)  # invalid alone: depends on actions of the stored half
+    store.submit(make_episode(1))  # an identical resend merges as a no-op
+    store.submit(make_episode(2))
+    assert store.flush(timeout=60)
+    assert [e.id for e in store.episodes()] == ["ep0", "ep1", "ep2"]
+    assert [a.id for a in store.get_episode("ep0").actions] == ["0-a0", "0-a1", "0-a2", "late"]
+    assert store.get_episode("ep1") == make_episode(1)
+    assert [d.record for d in store.dead_letters()] == ["episode bad"]
+    cursor, ids = store.changed_since(0)
+    assert ids == ["ep0", "ep1", "ep2"]
+
+
+def test_a_failed_group_transaction_is_written_one_by_one(store):
+    store.add_episode(make_episode(1))
+    conflict = make_episode(1).model_dump(mode="json")
+    conflict["actions"][0]["output"]["text"] = "other"  # valid alone; the merge is refused
+    store._write_queued([make_episode(0).model_dump_json(), conflict, make_episode(2).model_dump_json()])
+    assert [e.id for e in store.episodes()] == ["ep0", "ep1", "ep2"]
+    assert store.get_episode("ep1") == make_episode(1)
+    (letter,) = store.dead_letters()
+    assert letter.record == "episode ep1" and "already stored with other content" in letter.reason
+
+
+def test_submit_snapshots_a_dict_and_refuses_what_is_not_json(store):
+    data = make_episode(0).model_dump()
+    store.submit(data)
+    data["actions"].clear()
+    store.submit({"id": "odd", "actions": [{"id": "x", "agent": "a", "metadata": {"obj": object()}}]})
+    assert store.flush(timeout=60)
+    assert [a.id for a in store.get_episode("ep0").actions] == ["0-a0", "0-a1", "0-a2"]
+    assert not store.has_episode("odd")
+    (letter,) = store.dead_letters()
+    assert letter.record == "episode odd" and "JSON" in letter.reason
+
+
 def test_submitted_episodes_are_written_at_interpreter_exit(store_url):
     script = (
         "import sys\n"

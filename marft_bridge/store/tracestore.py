@@ -1,6 +1,8 @@
 """TraceStore: Flex-POMDP episodes in SQLite (default) or PostgreSQL through SQLAlchemy Core.
 
-Every episode write is one transaction, so a crash never leaves half an episode. Writing an id
+Every episode is written whole or not at all, so a crash never leaves half an episode
+(``add_episode`` is one transaction; the background writer of ``submit`` commits several whole,
+validated episodes per transaction). Writing an id
 that is already stored merges: the new actions and rewards are appended (cross-process capture
 writes the halves of one episode), and the merged episode must validate. Refused records go to a
 dead-letter table with the reason. A change log lets pollers (the continuous fine-tuning service)
@@ -381,9 +383,11 @@ class TraceStore:
     def submit(self, episode: Episode | dict | str | bytes) -> None:
         """Queue an episode for the background writer and return at once (capture hooks use this).
 
-        The episode is snapshotted now, so later changes to the object are not written. Errors in
-        the writer are logged and dead-lettered, never raised here. With ``on_full="drop"`` a full
-        queue drops the episode and counts it (``stats()["dropped"]``), as does a closed store.
+        The episode is snapshotted now (as JSON), so later changes to the object are not written.
+        The writer thread waits briefly for more episodes and commits them together; ``flush()``
+        writes everything queued at once. Errors in the writer are logged and dead-lettered, never
+        raised here. With ``on_full="drop"`` a full queue drops the episode and counts it
+        (``stats()["dropped"]``), as does a closed store.
         """
         if self._closed:
             self._dropped_closed += 1

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("marft_bridge.store")
 
-LINGER_S = 0.05  # a capture episode is seen by readers at most this much later (flush() skips it)
+LINGER_S = 0.1  # a queued episode reaches readers at most this much later (flush() skips the wait)
 MAX_GROUP = 500  # episodes per transaction: keeps other writers' waits for the lock short
 
 
