@@ -439,6 +439,16 @@ def test_submit_snapshots_a_dict_and_refuses_what_is_not_json(store):
     assert letter.record == "episode odd" and "JSON" in letter.reason
 
 
+def test_a_full_queue_blocks_the_submitter_until_the_writer_drains(tmp_path):
+    store = TraceStore.open(tmp_path / "t.db", queue_size=1, on_full="block")
+    for i in range(20):
+        store.submit(make_episode(i))
+    assert store.flush(timeout=60)
+    assert [e.id for e in store.episodes()] == [f"ep{i}" for i in range(20)]
+    assert store.dropped == 0
+    store.close()
+
+
 def test_submitted_episodes_are_written_at_interpreter_exit(store_url):
     script = (
         "import sys\n"

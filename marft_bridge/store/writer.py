@@ -50,10 +50,7 @@ class BackgroundWriter:
     def submit(self, episode: Any) -> None:
         item = _snapshot(episode)
         with self._has_items:
-            if self._stopped:  # lost a race with close(): count it, never hang a later flush
-                self.dropped += 1
-                return
-            while len(self._items) >= self._maxsize:
+            while not self._stopped and len(self._items) >= self._maxsize:
                 self._urgent = True  # the writer stops lingering and drains
                 self._has_items.notify()
                 if self._on_full == "drop":
@@ -62,6 +59,9 @@ class BackgroundWriter:
                     break
                 self._not_full.wait()
             else:
+                if self._stopped:  # lost a race with close(): count it, never hang a later flush
+                    self.dropped += 1
+                    return
                 self._items.append(item)
                 self._pending += 1
                 if self._idle:
@@ -85,6 +85,7 @@ class BackgroundWriter:
             with self._has_items:
                 self._stopped = True
                 self._has_items.notify()
+                self._not_full.notify_all()  # blocked submitters count their episode as dropped
             self._thread.join()
 
     def _take(self) -> list[Any] | None:
