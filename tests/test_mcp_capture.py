@@ -169,3 +169,42 @@ def test_uninstrument_restores_the_client(store):
     eid = asyncio.run(go())
     store.flush()
     assert store.get_episode(eid).actions == []
+
+
+def test_a_result_over_the_record_limit_loses_that_step_only(store):
+    """Tool actions are validated on the call path only when app texts could break the record
+    limits: an oversized result drops the tool steps (a counted capture error), not the episode."""
+    from mcp.server.mcpserver import MCPServer
+
+    from marft_bridge.schema import MAX_TEXT_CHARS
+
+    server = MCPServer("big")
+
+    @server.tool()
+    def big(n: int) -> str:
+        """A long text."""
+        return "x" * n
+
+    cap.instrument_server(server, store=store)
+    reset_capture_stats()
+
+    async def go():
+        from mcp import Client
+
+        async with Client(server) as client:
+            cap.instrument_client(client, agent="assistant")
+            with mb.episode(store=store) as ep:
+                ep.record_action("assistant", output={"text": "ask"})
+                small = await client.call_tool("big", {"n": 3})
+                huge = await client.call_tool("big", {"n": MAX_TEXT_CHARS + 1})
+            return ep.id, small, huge
+
+    eid, small, huge = asyncio.run(go())
+    assert cap.result_text(huge)[0] == "x" * (MAX_TEXT_CHARS + 1)  # the app still gets its result
+    store.flush()
+    prop.flush_joins(store, timeout=60)
+    ep = store.get_episode(eid)
+    assert [(a.agent, a.kind, a.output.text) for a in ep.actions] == [
+        ("assistant", "llm", "ask"), ("assistant", "tool", "xxx"), ("big", "tool", "xxx")]
+    assert capture_stats()["errors"] == 2  # the client's and the server's record of the huge result
+    assert store.stats()["dead_letters"] == 0

@@ -145,9 +145,10 @@ class _Call:
             meta = {"a2a.to": self.to, "a2a.message_id": self.message_id, **r.meta(),
                     "latency_s": time.perf_counter() - self.t0}
             who = self.agent or self.step.dep_agent() or "a2a_client"
+            text = r.text
             self.step.record(who, "message", started_at=self.started, error=error, metadata=meta,
                              observation={"messages": [{"role": "user", "content": self.sent}]},
-                             output={"text": r.text})
+                             output={"text": text}, validate=prop.needs_validation(who, self.sent, text, error))
 
 
 class CaptureInterceptor(ClientCallInterceptor):
@@ -296,7 +297,7 @@ class CaptureExecutor(AgentExecutor):
         # Absolute steps from the start: messages this agent sends on carry their step onwards.
         step = caller.step + 1 if caller is not None and caller.action_id else 0
         rec.record_action(self.agent, kind="env", step=step, output={"text": text}, error=err,
-                          metadata={k: v for k, v in meta.items() if v})
+                          metadata={k: v for k, v in meta.items() if v}, validate=prop.needs_validation(self.agent, text))
         return rec
 
     def _close(self, rec: Any, context: Any, reply: _Reply, error: str | None) -> None:
@@ -307,8 +308,10 @@ class CaptureExecutor(AgentExecutor):
             used = {d for a in acts for d in a[4]}
             # The first action (the message received) starts everything else in the half.
             leaves = [a[3] for a in acts[1:] if a[3] not in used] or [acts[0][3]]
-            rec.record_action(self.agent, kind="message", depends_on=leaves, output={"text": reply.text},
-                              error=error, metadata={"a2a.context_id": context.context_id, **reply.meta()})
+            text = reply.text
+            rec.record_action(self.agent, kind="message", depends_on=leaves, output={"text": text}, error=error,
+                              metadata={"a2a.context_id": context.context_id, **reply.meta()},
+                              validate=prop.needs_validation(self.agent, text, error))
             rec.finish("failed" if error else "completed", error)
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from .. import recording
 from ..recording import guarded
-from ..schema import MAX_NAME_CHARS, utcnow
+from ..schema import utcnow
 from . import propagation as prop
 
 _CALL: contextvars.ContextVar[_ToolCall | None] = contextvars.ContextVar("marft_mcp_call", default=None)
@@ -75,18 +75,6 @@ def _tool_fields(name: str, arguments: Any) -> dict[str, Any]:
         "observation": {"messages": [{"role": "assistant", "content": None, "tool_calls": [call]}]},
         "metadata": {"mcp.tool": name, "mcp.arguments": args},
     }
-
-
-def _checked(agent: str, *texts: str | None) -> bool:
-    """Whether ``record_action`` should validate a tool action built here: only an agent name or
-    texts from the app can break the record's limits. The store validates the finished episode
-    anyway, and validating every action on the call path costs about as much as the rest."""
-    if not agent or len(agent) > MAX_NAME_CHARS:
-        return True
-    for t in texts:
-        if t is not None and len(t) > 1_000_000:
-            return True
-    return False
 
 
 def _error(e: BaseException) -> str:
@@ -143,7 +131,7 @@ def instrument_client(client: Any, agent: str | None = None, store: Any = None) 
                 error = text or "tool returned isError"
             who = agent or call.step.dep_agent() or "mcp_client"
             call.step.record(who, "tool", extra_deps=call.sampled, started_at=started, output={"text": text},
-                             error=error, validate=_checked(who, text, error), **fields)
+                             error=error, validate=prop.needs_validation(who, text, error), **fields)
 
     async def sampling_callback(context: Any, params: Any) -> Any:
         call = _CALL.get()
@@ -270,7 +258,7 @@ class CaptureMiddleware:
                 error = text or "tool returned isError"
             inner = [a[3] for a in prop.recorded(rec)]
             rec.record_action(self.agent, kind="tool", depends_on=inner, started_at=started, output={"text": text},
-                              error=error, validate=_checked(self.agent, text, error), **fields)
+                              error=error, validate=prop.needs_validation(self.agent, text, error), **fields)
             rec.finish("failed" if error else "completed")
 
 

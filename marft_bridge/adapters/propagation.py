@@ -50,6 +50,7 @@ from typing import Any
 
 from ..errors import RecordError
 from ..recording import EpisodeRecorder, capture_error
+from ..schema import MAX_NAME_CHARS
 
 log = logging.getLogger("marft_bridge.capture")
 
@@ -257,6 +258,18 @@ def _record_half(recorder: EpisodeRecorder, data: dict, writer: JoinWriter) -> N
     for r in data.get("rewards") or ():
         recorder.reward(r["value"], agent=r.get("agent"), action_id=r.get("action_id"), source=r.get("source", "unknown"),
                         metadata=r.get("metadata"))
+
+
+def needs_validation(agent: str, *texts: str | None) -> bool:
+    """Whether ``record_action`` should validate an action a protocol hook built: only the agent's
+    name or texts from the app can break the record's limits. The store validates the finished
+    episode anyway, and validating each action on the call path costs about as much as the rest."""
+    if not agent or len(agent) > MAX_NAME_CHARS:
+        return True
+    for t in texts:
+        if t is not None and len(t) > 1_000_000:
+            return True
+    return False
 
 
 def recorded(recorder: EpisodeRecorder) -> list[tuple[str, str, int, str, list[str]]]:
