@@ -39,6 +39,8 @@ DEFAULT_PATH = Path(".marft") / "traces.db"
 # A dead letter keeps the raw record for inspection, but not an unbounded one.
 MAX_DEAD_LETTER_CHARS = 1_000_000
 _READ_CHUNK = 200
+# Key of the plain episode INSERT in ``TraceStore._sql`` (ids known to be new; SQLite group writes).
+_NEW_EPISODES = "new episodes"
 
 
 def normalize_url(url: str | os.PathLike | None) -> str:
@@ -206,21 +208,39 @@ class TraceStore:
             log.exception("trace write failed")
 
     def _write_new_episodes(self, conn: sa.Connection, group: list[tuple[str, _Rows, Any]]) -> None:
-        """Validated episodes in one transaction: children rows of new episodes in one executemany
-        per table; an id already stored is merged in its place in the order."""
-        batch = _Rows(None, [], [], [])
+        """Validated episodes in one transaction, rows of new episodes in one executemany per table;
+        an id already stored (or earlier in the group) is merged in its place in the order.
+
+        SQLite holds the write lock from BEGIN, so one query finds the stored ids up front; each
+        SQLite call releases the GIL, and a call per episode would hand it to the app every time.
+        PostgreSQL inserts each episode on its own (ON CONFLICT), as concurrent writers may race.
+        """
+        stored: set[str] = set()
+        if not self.is_postgres:
+            ids = list({eid for eid, _, _ in group})
+            stored = {r[0] for r in conn.execute(sa.select(t.episodes.c.id).where(t.episodes.c.id.in_(ids)))}
+        batch = _Rows([], [], [], [])
         changes: list[dict] = []
 
         def write_batch() -> None:
+            if batch.episode:
+                self._insert(conn, _NEW_EPISODES, batch.episode)
             self._insert_children(conn, batch)
             if changes:
                 self._log_changes(conn, changes)
-            batch.agents, batch.actions, batch.rewards = [], [], []
+            batch.episode, batch.agents, batch.actions, batch.rewards = [], [], [], []
             changes.clear()
 
         now = time.time()
         for eid, rows, item in group:
-            if self._insert(conn, t.episodes, rows.episode) is not None:
+            if self.is_postgres:
+                new = self._insert(conn, t.episodes, rows.episode) is not None
+            else:
+                new = eid not in stored
+                if new:
+                    batch.episode.append(rows.episode)
+                    stored.add(eid)
+            if new:
                 batch.agents += rows.agents
                 batch.actions += rows.actions
                 batch.rewards += rows.rewards
@@ -315,7 +335,7 @@ class TraceStore:
                 _sqlite_run(conn, "BEGIN IMMEDIATE")
             yield conn
 
-    def _insert(self, conn: sa.Connection, table: sa.Table, params: dict | list[dict]) -> Any:
+    def _insert(self, conn: sa.Connection, table: sa.Table | str, params: dict | list[dict]) -> Any:
         """Run one of the write path's INSERTs; returns the first row a single insert RETURNs."""
         if self.is_postgres:  # through SQLAlchemy, which also notices a dropped server connection
             result = conn.exec_driver_sql(self._sql[table], params)
@@ -659,7 +679,7 @@ def _create_engines(url: str) -> tuple[sa.Engine, sa.Engine]:
     return make(None), make("BEGIN")
 
 
-def _write_sql(dialect: sa.Dialect, insert_new: sa.Insert) -> dict[sa.Table, str]:
+def _write_sql(dialect: sa.Dialect, insert_new: sa.Insert) -> dict[sa.Table | str, str]:
     """The write path's INSERTs as driver SQL, compiled once from the table definitions.
 
     Run as driver SQL they skip SQLAlchemy's per-call statement compilation and parameter
@@ -675,6 +695,7 @@ def _write_sql(dialect: sa.Dialect, insert_new: sa.Insert) -> dict[sa.Table, str
         for table in (t.episode_agents, t.actions, t.rewards, t.changes)
     }
     sql[t.episodes] = str(insert_new.compile(dialect=dialect))
+    sql[_NEW_EPISODES] = str(t.episodes.insert().compile(dialect=dialect, for_executemany=True))
     return sql
 
 
