@@ -14,7 +14,10 @@ Server: ``instrument_server(server, store=None, agent=None)`` appends a middlewa
 ``MCPServer`` that records each ``tools/call`` it serves (agent: the server's name) into the
 caller's episode, from the trace context the instrumented client puts in ``params._meta``
 (``traceparent`` + ``marft/caller``, see ``adapters.propagation``). The server's action depends on
-the client's tool step; the halves are written by different processes and joined in the store.
+the client's tool step. The instrumented client asks for the server's half in the reply
+(``_meta["marft/half"]``, removed before the app sees the result) and records it into its own
+episode, so the episode is written once; other halves (an in-process server: straight into the
+client's recorder; a call that raised) are joined as ``adapters.propagation`` describes.
 Requests without trace context are served and not recorded.
 
 Capture never changes what a call returns or raises: an MCP error result, an exception or a
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import recording
-from ..recording import guarded
+from ..recording import capture_error, guarded
 from ..schema import utcnow
 from . import propagation as prop
 
@@ -105,6 +108,7 @@ def instrument_client(client: Any, agent: str | None = None, store: Any = None) 
             call = _ToolCall(prop.begin_call(rec, agent))
             meta = dict(kw.get("meta") or {})
             prop.inject(meta, call.step.ref)
+            meta[prop.HALF_KEY] = "reply"  # a captured server sends its half back: no merge in the store
             kw["meta"] = meta
         token = _CALL.set(call)
         started, t0 = utcnow(), time.perf_counter()
@@ -117,6 +121,8 @@ def instrument_client(client: Any, agent: str | None = None, store: Any = None) 
         finally:
             _CALL.reset(token)
         if call is not None:
+            with guarded("mcp.reply_half", call.step.recorder):
+                _take_reply_half(call.step, result)
             _record_tool_step(call, name, arguments, started, t0, result, None)
         return result
 
@@ -199,6 +205,19 @@ def uninstrument_client(client: Any) -> Any:
     return client
 
 
+def _take_reply_half(step: prop.CallStep, result: Any) -> None:
+    """Take the server's half out of the result's ``_meta`` (the app gets the result a server
+    without capture would send) and record it after the tool step."""
+    meta = getattr(result, "meta", None)
+    if not isinstance(meta, dict) or prop.HALF_KEY not in meta:
+        return
+    half = meta.pop(prop.HALF_KEY)
+    if not meta:
+        result.meta = None
+    if not prop.accept_reply_half(step, half):
+        capture_error("mcp.reply_half", ValueError("the server's half in the reply does not start from this call"))
+
+
 def _server_name(client: Any) -> str | None:
     try:
         info = client.server_info
@@ -231,12 +250,16 @@ class CaptureMiddleware:
         if rec is None:
             return await call_next(ctx)
         params = ctx.params or {}
+        if caller.action_id and (ctx.meta or {}).get(prop.HALF_KEY) == "reply":
+            rec.store.reply = []  # the half goes back in the result (see ``_reply_with_half``)
         started, t0 = utcnow(), time.perf_counter()
         try:
             with rec.activate():
                 result = await call_next(ctx)
         except BaseException as e:
             self._record(rec, params, started, t0, None, _error(e))
+            with guarded("mcp.server.reply_half", rec):
+                prop.write_reply_half(rec, None)  # no reply to carry it
             raise
         if _input_required(result):
             # An intermediate round (the server asks the client's model first): the retried
@@ -244,8 +267,20 @@ class CaptureMiddleware:
             with guarded("mcp.server.round", rec):
                 if prop.recorded(rec):
                     rec.finish()
+                prop.write_reply_half(rec, None)
             return result
         self._record(rec, params, started, t0, result, None)
+        return self._reply_with_half(rec, result)
+
+    def _reply_with_half(self, rec: Any, result: Any) -> Any:
+        half = None
+        with guarded("mcp.server.reply_half", rec):
+            half = prop.reply_half(rec)
+            if half is None:
+                return result
+            if isinstance(result, dict):
+                return {**result, "_meta": {**(result.get("_meta") or {}), prop.HALF_KEY: half}}
+            prop.write_reply_half(rec, half)
         return result
 
     def _record(self, rec: Any, params: Any, started: Any, t0: float, result: Any, error: str | None) -> None:

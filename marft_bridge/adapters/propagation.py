@@ -33,6 +33,13 @@ written once, with no merge and no join writer. The caller's recorder then holds
 actions while the episode runs (a model call whose prompt quotes a tool result may depend on
 the server's tool action too). A half that arrives after the call step was recorded goes
 through the join writer as usual.
+
+A caller may also ask for the half in the reply (MCP: ``marft/half: "reply"`` in the request's
+``_meta``; the server puts its finished half in the result's ``_meta["marft/half"]`` and the
+client takes it out before the app sees the result): then the callee writes nothing, and the
+caller records the half (validated, and only if it starts from that call step) after the call
+step, so the episode is written once, by the caller. A half that cannot go in a reply (the
+call raised, an intermediate round) goes through the join writer.
 """
 
 from __future__ import annotations
@@ -49,12 +56,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RecordError
-from ..recording import EpisodeRecorder, capture_error
+from ..recording import EpisodeRecorder, capture_error, guarded
 from ..schema import MAX_NAME_CHARS
 
 log = logging.getLogger("marft_bridge.capture")
 
 CALLER_KEY = "marft/caller"
+# Request: "reply" (the caller can take the callee's half back in the reply); reply: the half.
+HALF_KEY = "marft/half"
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
 
@@ -136,7 +145,7 @@ class CallStep:
     depends_on: list[str]
     task: Any = None  # the LangGraph task it runs in, if any
     # Callee halves served in this process, recorded after the call step (see the module doc).
-    halves: list[tuple[dict, JoinWriter]] = field(default_factory=list)
+    halves: list[tuple[dict, JoinWriter, bool]] = field(default_factory=list)
     settled: bool = False
 
     @property
@@ -179,9 +188,9 @@ class CallStep:
             self.settled = True
             halves, self.halves = self.halves, []
             _IN_FLIGHT.pop(self.action_id, None)
-        for data, writer in halves:
+        for data, writer, validate in halves:
             if recorded:
-                _record_half(self.recorder, data, writer)
+                _record_half(self.recorder, data, writer, validate)
             else:  # the call step is not in the recorder: the join writer resolves or times out
                 writer.write(data, self.action_id)
 
@@ -232,13 +241,57 @@ def _attach_in_process(data: dict, caller: CallerRef, writer: JoinWriter) -> boo
             target = target.store
         if target is not writer.store:
             return False
-        step.halves.append((data, writer))
+        step.halves.append((data, writer, False))
         return True
 
 
-def _record_half(recorder: EpisodeRecorder, data: dict, writer: JoinWriter) -> None:
-    """Record a callee half into the caller's recorder (its actions were checked when recorded);
-    what the recorder no longer takes (it was finished meanwhile) goes to the join writer."""
+def reply_half(recorder: EpisodeRecorder) -> dict | None:
+    """The finished half of a callee ``recorder`` that asked to send it back in its reply, as JSON
+    data (None when there is none: it went to an in-process caller, or nothing was recorded)."""
+    import json
+
+    store = recorder.store
+    halves = store.reply or []
+    store.reply = None
+    if not halves:
+        return None
+    return json.loads(json.dumps(_combine(halves), default=lambda o: o.isoformat() if hasattr(o, "isoformat") else str(o)))
+
+
+def write_reply_half(recorder: EpisodeRecorder, half: dict | None) -> None:
+    """A half meant for the reply that cannot go in it: write it through the join writer."""
+    store = recorder.store
+    halves = [half] if half is not None else (store.reply or [])
+    store.reply = None
+    for h in halves:
+        store.writer.write(h, store.caller.action_id)
+
+
+def accept_reply_half(step: CallStep, half: Any) -> bool:
+    """Take a callee half that came back in a reply: it is recorded into the caller's recorder
+    right after the call step (as an in-process half is). Only a half of this episode that starts
+    from this call step is taken."""
+    if not isinstance(half, dict):
+        return False
+    acts = half.get("actions")
+    if half.get("id") != step.recorder.id or not isinstance(acts, list) or not acts:
+        return False
+    first = acts[0]
+    if not isinstance(first, dict) or (first.get("depends_on") or [None])[0] != step.action_id:
+        return False
+    target = step.recorder.store
+    writer = target.writer if isinstance(target, CalleeHalfStore) else join_writer(target)
+    with _IN_FLIGHT_LOCK:
+        if step.settled:
+            return False
+        step.halves.append((half, writer, True))
+    return True
+
+
+def _record_half(recorder: EpisodeRecorder, data: dict, writer: JoinWriter, validate: bool) -> None:
+    """Record a callee half into the caller's recorder (``validate``: a half from another process;
+    one recorded here was checked when recorded); what the recorder no longer takes (it was
+    finished meanwhile) goes to the join writer."""
     acts = data["actions"]
     ids = _HALF_IDS.setdefault(recorder, set())
     for k, a in enumerate(acts):
@@ -248,16 +301,22 @@ def _record_half(recorder: EpisodeRecorder, data: dict, writer: JoinWriter) -> N
                 output=a.get("output"), sampling=a.get("sampling"), policy=a.get("policy"),
                 depends_on=a["depends_on"], error=a.get("error"), started_at=a.get("started_at"),
                 ended_at=a.get("ended_at"), metadata=a.get("metadata"), token_source=a.get("token_source"),
-                action_id=a["id"], validate=False)
+                action_id=a["id"], validate=validate)
         except RuntimeError:  # finished meanwhile
             writer.write({**data, "actions": acts[k:]}, acts[0]["depends_on"][0])
             return
+        except Exception as e:  # noqa: BLE001 - a malformed action of a reply half: refused alone
+            capture_error("join.reply_half", e, recorder)
+            continue
         ids.add(a["id"])
     # As the store's merge would: the half's episode metadata over the caller's, its rewards added.
-    recorder.metadata.update(data.get("metadata") or {})
+    meta = data.get("metadata")
+    if isinstance(meta, dict):
+        recorder.metadata.update(meta)
     for r in data.get("rewards") or ():
-        recorder.reward(r["value"], agent=r.get("agent"), action_id=r.get("action_id"), source=r.get("source", "unknown"),
-                        metadata=r.get("metadata"))
+        with guarded("join.reply_half", recorder):
+            recorder.reward(r["value"], agent=r.get("agent"), action_id=r.get("action_id"),
+                            source=r.get("source", "unknown"), metadata=r.get("metadata"))
 
 
 def needs_validation(agent: str, *texts: str | None) -> bool:
@@ -299,6 +358,8 @@ class CalleeHalfStore:
         self.caller = caller
         self.writer = writer
         self.nest_under = nest_under
+        # A list when the half goes back to the caller in the reply (see ``reply_half``).
+        self.reply: list[dict] | None = None
 
     def submit(self, episode: Any) -> None:
         if hasattr(episode, "model_dump"):
@@ -321,7 +382,11 @@ class CalleeHalfStore:
                     a["depends_on"] = [first]
         if caller is not None and caller.action_id and acts:
             acts[0]["depends_on"] = [caller.action_id, *acts[0]["depends_on"]]
-            if not _attach_in_process(data, caller, self.writer):
+            if _attach_in_process(data, caller, self.writer):
+                return
+            if self.reply is not None:
+                self.reply.append(data)
+            else:
                 self.writer.write(data, caller.action_id)
         else:
             self.writer.write(data, None)
