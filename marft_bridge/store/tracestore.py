@@ -176,16 +176,23 @@ class TraceStore:
         order. If a group's transaction fails, its episodes are written one by one, so a bad one
         cannot take valid ones down with it. Errors are logged, never raised.
         """
-        group: list[tuple[str, _Rows, Any]] = []  # the validated Episode objects are not kept alive
+        # The group keeps the queued snapshots (bytes), not the loaded dicts nor the validated
+        # Episodes: thousands of live containers would set off the cyclic GC in the app's time.
+        group: list[tuple[str, _Rows, Any]] = []
         for item in items:
             try:
-                # JSON (what submit queues) is parsed and validated in one pass in Rust.
-                ep = Episode.model_validate_json(item) if isinstance(item, (bytes, str)) else parse_episode(_to_data(item))
+                data = _unqueued(item)
+                # JSON (a submitted Episode is queued as JSON) is parsed and validated in one pass in Rust.
+                ep = Episode.model_validate_json(data) if isinstance(data, (bytes, str)) else parse_episode(_to_data(data))
                 group.append((ep.id, _episode_rows(ep), item))
             except (RecordError, ValidationError):
                 self._write_group(group)
                 group = []
                 self._write_one(item)
+            except Exception as e:  # noqa: BLE001 - a snapshot that cannot be loaded back
+                self._write_group(group)
+                group = []
+                self._dead_letter(RecordError(None, None, f"cannot be read back from the write queue: {e}"), repr(item))
         self._write_group(group)
 
     def _write_group(self, group: list[tuple[str, _Rows, Any]]) -> None:
@@ -201,7 +208,7 @@ class TraceStore:
 
     def _write_one(self, item: Any) -> None:
         try:
-            self.add_episode(item)  # a refused record is dead-lettered there
+            self.add_episode(_unqueued(item))  # a refused record is dead-lettered there
         except RecordError as e:
             log.warning("trace refused: %s", e)
         except Exception:  # noqa: BLE001 - never let one bad write stop the writer
@@ -247,7 +254,7 @@ class TraceStore:
                 changes.append({"episode_id": eid, "kind": "add", "created_at": now})
                 continue
             write_batch()  # the merge reads the stored episode: everything before it is written first
-            if not self._merge_tx(conn, eid, _to_data(item)):
+            if not self._merge_tx(conn, eid, _to_data(_unqueued(item))):
                 raise MarftError(f"episode {eid} is neither new nor stored")
         write_batch()
 
@@ -730,6 +737,13 @@ def _to_data(item: Episode | dict | str | bytes) -> dict:
     if not isinstance(item, dict):
         raise RecordError(None, None, f"an episode must be an Episode or a JSON object, not {type(item).__name__}")
     return item
+
+
+def _unqueued(item: Any) -> Any:
+    """A queued record as submitted (the background queue holds dicts as pickle snapshots)."""
+    from .writer import Snapshot
+
+    return item.load() if isinstance(item, Snapshot) else item
 
 
 def _validated(model: type, raw: Any, record: str, field: str):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import pickle
 import threading
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -117,23 +118,37 @@ class BackgroundWriter:
                         self._done.notify_all()
 
 
-def _snapshot(episode: Any) -> Any:
-    """A copy the caller may keep mutating: the episode as JSON bytes (done in Rust).
+class Snapshot:
+    """A queued episode record as pickle bytes, made here from the caller's own object.
 
-    Bytes also keep the queue out of the cyclic GC's way: queued dicts are thousands of
-    containers that survive young collections and trigger full ones, which cost the app more
-    than the writes themselves. What cannot be serialized is queued as it is and refused (and
-    dead-lettered) by the writer with the reason.
+    Bytes are a true copy (the caller may keep mutating its dicts) and keep the queue out of the
+    cyclic GC's way: queued dicts are thousands of containers that survive young collections and
+    trigger full ones, which cost the app more than the writes themselves. Pickle, unlike JSON,
+    gives back exactly the objects given (non-string keys, datetimes, UUIDs), so the writer
+    validates and refuses exactly what ``add_episode`` would. These bytes never leave the process:
+    nothing from a file or the network is ever unpickled.
     """
-    from pydantic_core import to_json
 
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def load(self) -> Any:
+        return pickle.loads(self.data)
+
+
+def _snapshot(episode: Any) -> Any:
     from ..schema import Episode
 
-    try:
-        if isinstance(episode, Episode):
-            return Episode.__pydantic_serializer__.to_json(episode)
-        if isinstance(episode, dict):
-            return to_json(episode)
-    except Exception:  # noqa: BLE001 - the writer dead-letters what it cannot parse
-        return episode if isinstance(episode, dict) else repr(episode)
+    if isinstance(episode, Episode):
+        try:
+            return Episode.__pydantic_serializer__.to_json(episode)  # JSON: add_episode parses it in one pass
+        except Exception:  # noqa: BLE001 - the writer dead-letters what it cannot parse
+            return repr(episode)
+    if isinstance(episode, dict):
+        try:
+            return Snapshot(pickle.dumps(episode, protocol=pickle.HIGHEST_PROTOCOL))
+        except Exception:  # noqa: BLE001 - not picklable: queued as it is; the writer judges it
+            return episode
     return episode
