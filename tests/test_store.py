@@ -439,6 +439,19 @@ def test_submit_snapshots_a_dict_and_refuses_what_is_not_json(store):
     assert letter.record == "episode odd" and "JSON" in letter.reason
 
 
+def test_submit_refuses_exactly_what_add_episode_refuses(store):
+    # The queue copies dicts faithfully: a key JSON would turn into "1" is still refused.
+    bad = {"actions": [{"id": "a", "agent": "x"}], "metadata": {1: "an int key"}}
+    with pytest.raises(RecordError) as direct:
+        store.add_episode({**bad, "id": "k1"})
+    store.submit({**bad, "id": "k2"})
+    assert store.flush(timeout=60)
+    assert store.count() == 0
+    queued, first = store.dead_letters()
+    assert (queued.record, first.record) == ("episode k2", "episode k1")
+    assert queued.field == first.field == direct.value.field and queued.reason == first.reason
+
+
 def test_a_full_queue_blocks_the_submitter_until_the_writer_drains(tmp_path):
     store = TraceStore.open(tmp_path / "t.db", queue_size=1, on_full="block")
     for i in range(20):
