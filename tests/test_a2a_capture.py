@@ -74,7 +74,10 @@ def test_team_episode_assembled_from_three_processes(agents):
     eid, answer = asyncio.run(team.ask_team(store, rurl, "why is the sky blue?"))
     store.flush()
     assert answer == "answer: researcher: FINAL: NOTES ON RESEARCH WHY IS THE SKY BLUE?"
-    ep = wait_for(store, eid, 11)
+    # Each agent sent its half back in its reply (the writer's inside the researcher's): the
+    # coordinator's one write holds the whole episode, with nothing left to merge in the store.
+    ep = store.get_episode(eid)
+    assert len(ep.actions) == 11
     assert ep.agents == ["coordinator", "researcher", "researcher/notes", "researcher/delegate", "writer",
                          "writer/draft", "writer/polish"]
     c1, c2 = [a for a in ep.actions if a.agent == "coordinator" and a.kind == "llm"]
@@ -151,6 +154,31 @@ def _shape(events, error):
         else:
             out.append((which, [p.text for p in body.parts]))
     return out
+
+
+def test_the_reply_the_app_gets_does_not_carry_the_half(agents):
+    store, wurl, _ = agents
+    from a2a.client import ClientConfig, create_client
+    from a2a.types import SendMessageRequest
+
+    async def go(instrumented: bool):
+        cfg = ClientConfig(streaming=False)
+        client = await (cap.connect(wurl, agent="asker", client_config=cfg) if instrumented
+                        else create_client(wurl, cfg))
+        try:
+            return [ev async for ev in client.send_message(SendMessageRequest(message=_message("hi")))]
+        finally:
+            await client.close()
+
+    plain = asyncio.run(go(False))
+    with mb.episode(store=store) as ep:
+        captured = asyncio.run(go(True))
+    store.flush()
+    assert [e.message.HasField("metadata") for e in plain + captured] == [False, False]
+    assert [p.text for p in captured[0].message.parts] == [p.text for p in plain[0].message.parts] == ["FINAL: HI"]
+    got = store.get_episode(ep.id)
+    assert [(a.agent, a.kind) for a in got.actions] == [
+        ("asker", "message"), ("writer", "env"), ("writer/draft", "llm"), ("writer/polish", "llm"), ("writer", "message")]
 
 
 def test_conversation_without_trace_context_is_one_episode(agents):

@@ -20,6 +20,10 @@ agent-to-agent edge), whatever the agent records while it works (model calls of 
 inside it, named ``"<agent>/<node>"``, with their own dependencies; messages it sends to further
 agents), and a ``message`` action with its reply. A request without trace context joins the
 episode of its A2A ``context_id`` (one conversation, one episode; ids ``conversation_episode_id``).
+An instrumented client asks for the half in the reply (``marft/half``): when the agent replies
+with a ``Message``, the reply is sent once the request is recorded, with the half in its metadata,
+which the client removes and records into its own episode (one write per episode, no merge in
+the store). Task replies, failed requests and clients that did not ask go through the store.
 
 Capture never changes what the protocol returns: a malformed message, an executor that raises
 and a server that dies mid-call are recorded as failed steps (``error``), and the caller gets
@@ -29,6 +33,7 @@ what it would have got anyway.
 from __future__ import annotations
 
 import contextvars
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +46,7 @@ from google.protobuf import json_format
 
 from .. import recording
 from ..errors import MarftError
-from ..recording import guarded
+from ..recording import capture_error, guarded
 from ..schema import utcnow
 from . import propagation as prop
 
@@ -169,6 +174,7 @@ class CaptureInterceptor(ClientCallInterceptor):
             msg = args.input.message
             carrier: dict[str, Any] = {}
             prop.inject(carrier, step.ref)
+            carrier[prop.HALF_KEY] = "reply"  # a captured agent sends its half back: no merge in the store
             msg.metadata.update(carrier)
             _CALL.set(_Call(step, agent, args.agent_card.name, _message_text(msg), msg.message_id, utcnow(),
                             time.perf_counter()))
@@ -180,9 +186,28 @@ class CaptureInterceptor(ClientCallInterceptor):
         if call is None or call.done:
             return
         with guarded("a2a.after", call.step.recorder):
+            half = _take_reply_half(args.result)
+            if half is not None and not prop.accept_reply_half(call.step, half):
+                capture_error("a2a.reply_half", ValueError("the agent's half in the reply is not of this call"))
             call.reply.add(args.result)
             if call.reply.final:
                 call.record()
+
+
+def _take_reply_half(result: Any) -> Any:
+    """Take the agent's half out of a reply message's metadata (the app gets the reply an agent
+    without capture sends); None when there is none."""
+    which = result.WhichOneof("payload") if type(result).__name__ in ("StreamResponse", "SendMessageResponse") else None
+    if which != "message":
+        return None
+    msg = result.message
+    if not msg.HasField("metadata") or prop.HALF_KEY not in msg.metadata.fields:
+        return None
+    raw = msg.metadata[prop.HALF_KEY]
+    del msg.metadata[prop.HALF_KEY]
+    if not msg.metadata.fields:
+        msg.ClearField("metadata")
+    return json.loads(raw) if isinstance(raw, str) else None
 
 
 def instrument_client(client: Any, agent: str | None = None) -> Any:
@@ -231,16 +256,41 @@ async def connect(agent_or_url: Any, agent: str | None = None, client_config: An
 
 
 class _QueueTap:
-    """The executor's event queue, seeing what the agent publishes (everything else passes through)."""
+    """The executor's event queue, seeing what the agent publishes (everything else passes through).
 
-    def __init__(self, queue: Any, reply: _Reply):
+    When the caller asked for this agent's half in the reply, a reply ``Message`` is held until
+    the request is recorded, then sent with the half in its metadata (``release``)."""
+
+    def __init__(self, queue: Any, reply: _Reply, hold: bool = False):
         self._queue = queue
         self._reply = reply
+        self._hold = hold
+        self._held: Any = None
 
     async def enqueue_event(self, event: Any) -> None:
         with guarded("a2a.server.event"):
             self._reply.add(event)
+        if self._held is not None:  # anything after a held message goes after it
+            held, self._held = self._held, None
+            await self._queue.enqueue_event(held)
+        if self._hold and type(event).__name__ == "Message":
+            self._held = event
+            return
         await self._queue.enqueue_event(event)
+
+    async def release(self, rec: Any) -> None:
+        """Send the held message, with the finished half of ``rec`` when there is one; a half no
+        message can carry goes to the join writer."""
+        held, self._held = self._held, None
+        with guarded("a2a.server.reply_half", rec):
+            half = prop.reply_half(rec)
+            if half is not None:
+                if held is not None:
+                    held.metadata[prop.HALF_KEY] = json.dumps(half)
+                else:
+                    prop.write_reply_half(rec, half)
+        if held is not None:
+            await self._queue.enqueue_event(held)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._queue, name)
@@ -264,27 +314,33 @@ class CaptureExecutor(AgentExecutor):
         if rec is None:
             return await self.executor.execute(context, event_queue)
         reply = _Reply()
-        tap = _QueueTap(event_queue, reply)
+        tap = _QueueTap(event_queue, reply, hold=rec.store.reply is not None)
         token = _SERVING.set(self.agent)
-        error = None
         try:
             with rec.activate():
                 await self.executor.execute(context, tap)
         except BaseException as e:
-            error = f"{type(e).__name__}: {e}"
-            raise
-        finally:
             _SERVING.reset(token)
-            self._close(rec, context, reply, error)
+            self._close(rec, context, reply, f"{type(e).__name__}: {e}")
+            with guarded("a2a.server.reply_half", rec):
+                prop.write_reply_half(rec, None)  # not sent back with a failed request
+            await tap.release(rec)
+            raise
+        _SERVING.reset(token)
+        self._close(rec, context, reply, None)
+        await tap.release(rec)  # the reply, with this agent's half when the caller asked for it
 
     def _open(self, context: Any) -> Any:
         msg = context.message
-        caller = prop.extract(_metadata(msg)) or prop.extract(context.metadata)
+        carrier = _metadata(msg)
+        caller = prop.extract(carrier) or prop.extract(context.metadata)
         eid = None
         if caller is None:
             eid = prop.conversation_episode_id(context.context_id or "")
         rec = prop.callee_recorder(self.store, caller, episode_id=eid, source="a2a",
                                    metadata={"a2a.context_id": context.context_id}, nest_under=self.agent)
+        if caller is not None and caller.action_id and carrier.get(prop.HALF_KEY) == "reply":
+            rec.store.reply = []  # the half goes back in the reply message (``_QueueTap.release``)
         text, err = "", None
         if msg is None:
             err = "request has no message"
@@ -297,7 +353,8 @@ class CaptureExecutor(AgentExecutor):
         # Absolute steps from the start: messages this agent sends on carry their step onwards.
         step = caller.step + 1 if caller is not None and caller.action_id else 0
         rec.record_action(self.agent, kind="env", step=step, output={"text": text}, error=err,
-                          metadata={k: v for k, v in meta.items() if v}, validate=prop.needs_validation(self.agent, text))
+                          metadata={k: v for k, v in meta.items() if v},
+                          validate=prop.needs_validation(self.agent, text))
         return rec
 
     def _close(self, rec: Any, context: Any, reply: _Reply, error: str | None) -> None:
@@ -309,8 +366,9 @@ class CaptureExecutor(AgentExecutor):
             # The first action (the message received) starts everything else in the half.
             leaves = [a[3] for a in acts[1:] if a[3] not in used] or [acts[0][3]]
             text = reply.text
-            rec.record_action(self.agent, kind="message", depends_on=leaves, output={"text": text}, error=error,
-                              metadata={"a2a.context_id": context.context_id, **reply.meta()},
+            step = max(a[2] for a in acts) + 1  # after its own actions (not those of agents it called)
+            rec.record_action(self.agent, kind="message", step=step, depends_on=leaves, output={"text": text},
+                              error=error, metadata={"a2a.context_id": context.context_id, **reply.meta()},
                               validate=prop.needs_validation(self.agent, text, error))
             rec.finish("failed" if error else "completed", error)
 

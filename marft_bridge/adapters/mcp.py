@@ -291,8 +291,11 @@ class CaptureMiddleware:
             text, is_error = result_text(result) if result is not None else ("", False)
             if is_error and error is None:
                 error = text or "tool returned isError"
-            inner = [a[3] for a in prop.recorded(rec)]
-            rec.record_action(self.agent, kind="tool", depends_on=inner, started_at=started, output={"text": text},
+            own = prop.recorded(rec)  # what it recorded while serving, not the halves of servers it called
+            inner = [a[3] for a in own]
+            step = max((a[2] for a in own), default=-1) + 1
+            rec.record_action(self.agent, kind="tool", step=step, depends_on=inner, started_at=started,
+                              output={"text": text},
                               error=error, validate=prop.needs_validation(self.agent, text, error), **fields)
             rec.finish("failed" if error else "completed")
 

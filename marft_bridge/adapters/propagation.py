@@ -255,7 +255,8 @@ def reply_half(recorder: EpisodeRecorder) -> dict | None:
     store.reply = None
     if not halves:
         return None
-    return json.loads(json.dumps(_combine(halves), default=lambda o: o.isoformat() if hasattr(o, "isoformat") else str(o)))
+    data = _combine(halves)
+    return json.loads(json.dumps(data, default=lambda o: o.isoformat() if hasattr(o, "isoformat") else str(o)))
 
 
 def write_reply_half(recorder: EpisodeRecorder, half: dict | None) -> None:
@@ -294,6 +295,8 @@ def _record_half(recorder: EpisodeRecorder, data: dict, writer: JoinWriter, vali
     finished meanwhile) goes to the join writer."""
     acts = data["actions"]
     ids = _HALF_IDS.setdefault(recorder, set())
+    target = recorder.store
+    foreign = target.foreign if isinstance(target, CalleeHalfStore) else set()
     for k, a in enumerate(acts):
         try:
             recorder.record_action(
@@ -309,6 +312,7 @@ def _record_half(recorder: EpisodeRecorder, data: dict, writer: JoinWriter, vali
             capture_error("join.reply_half", e, recorder)
             continue
         ids.add(a["id"])
+        foreign.add(a["id"])
     # As the store's merge would: the half's episode metadata over the caller's, its rewards added.
     meta = data.get("metadata")
     if isinstance(meta, dict):
@@ -333,10 +337,13 @@ def needs_validation(agent: str, *texts: str | None) -> bool:
 
 def recorded(recorder: EpisodeRecorder) -> list[tuple[str, str, int, str, list[str]]]:
     """(kind, agent, step, id, depends_on) of each action recorded so far, without validating them
-    (``actions()`` validates every action: too slow for a per-call hook)."""
+    (``actions()`` validates every action: too slow for a per-call hook), leaving out the halves
+    of further callees recorded into it (they would have been written apart)."""
     with recorder._lock:
         raw = list(recorder._actions)
-    return [(*_fields(a), list(a["depends_on"] if isinstance(a, dict) else a.depends_on)) for a in raw]
+    out = [(*_fields(a), list(a["depends_on"] if isinstance(a, dict) else a.depends_on)) for a in raw]
+    skip = _HALF_IDS.get(recorder)
+    return [a for a in out if a[3] not in skip] if skip else out
 
 
 def _fields(a: Any) -> tuple[str, str, int, str]:
@@ -360,6 +367,8 @@ class CalleeHalfStore:
         self.nest_under = nest_under
         # A list when the half goes back to the caller in the reply (see ``reply_half``).
         self.reply: list[dict] | None = None
+        # Actions of further callees' halves recorded into this one: already named and joined.
+        self.foreign: set[str] = set()
 
     def submit(self, episode: Any) -> None:
         if hasattr(episode, "model_dump"):
@@ -374,8 +383,11 @@ class CalleeHalfStore:
             shift = max(0, base - min(a["step"] for a in acts))
             first = acts[0]["id"]
             top = self.nest_under
+            foreign = self.foreign
             for k, a in enumerate(acts):
                 a["step"] += shift
+                if a["id"] in foreign:
+                    continue
                 if top is not None and a["agent"] != top and not a["agent"].startswith(top + "/"):
                     a["agent"] = f"{top}/{a['agent']}"
                 if k > 0 and not a["depends_on"]:
