@@ -254,3 +254,41 @@ def test_server_dying_mid_call_is_recorded_and_the_error_reaches_the_caller(tmp_
     assert sent.error.startswith(expected[0]) and sent.metadata["a2a.to"] == "writer"
     assert sent.observation.messages[0].content == "hello" and sent.output.text == ""
     store.close()
+
+
+def test_a_reply_held_for_the_half_is_not_delayed_by_work_after_it(tmp_path):
+    """An executor that keeps working after its reply: the reply goes out alone after HOLD_S,
+    and the half is written through the store instead."""
+    from a2a.helpers import new_text_message
+
+    from marft_bridge.recording import EpisodeRecorder
+
+    store = mb.TraceStore.open(tmp_path / "t.db")
+    caller = EpisodeRecorder(store, source="test")
+    call_id = caller.record_action("asker", kind="message", output={"text": "hi"})
+    rec = prop.callee_recorder(store, prop.CallerRef(caller.id, call_id, 0), source="a2a", nest_under="writer")
+    rec.store.reply = []
+    sent = []
+
+    class Queue:
+        async def enqueue_event(self, event):
+            sent.append(event)
+
+    async def go():
+        tap = cap._QueueTap(Queue(), cap._Reply(), hold=True)
+        await tap.enqueue_event(new_text_message("done"))
+        held = list(sent)
+        await asyncio.sleep(3 * tap.HOLD_S)  # the executor still works
+        rec.record_action("writer", kind="message", output={"text": "done"})
+        rec.finish()
+        await tap.release(rec)
+        return held
+
+    held = asyncio.run(go())
+    assert held == [] and len(sent) == 1 and not sent[0].HasField("metadata")
+    caller.finish()
+    store.flush()
+    assert prop.flush_joins(store, timeout=60)
+    got = store.get_episode(caller.id)
+    assert [(a.agent, a.depends_on) for a in got.actions] == [("asker", []), ("writer", [call_id])]
+    store.close()

@@ -32,6 +32,7 @@ what it would have got anyway.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import json
 import time
@@ -259,28 +260,45 @@ class _QueueTap:
     """The executor's event queue, seeing what the agent publishes (everything else passes through).
 
     When the caller asked for this agent's half in the reply, a reply ``Message`` is held until
-    the request is recorded, then sent with the half in its metadata (``release``)."""
+    the request is recorded, then sent with the half in its metadata (``release``). An executor
+    that keeps working after its reply does not delay it: past ``HOLD_S`` the message goes alone
+    and the half through the store."""
+
+    HOLD_S = 0.1
 
     def __init__(self, queue: Any, reply: _Reply, hold: bool = False):
         self._queue = queue
         self._reply = reply
         self._hold = hold
         self._held: Any = None
+        self._timer: Any = None
+        self._late: Any = None  # the task sending a message held too long
 
     async def enqueue_event(self, event: Any) -> None:
         with guarded("a2a.server.event"):
             self._reply.add(event)
-        if self._held is not None:  # anything after a held message goes after it
-            held, self._held = self._held, None
-            await self._queue.enqueue_event(held)
+        await self._send_held()  # anything after a held message goes after it
         if self._hold and type(event).__name__ == "Message":
             self._held = event
+            self._timer = asyncio.get_running_loop().call_later(self.HOLD_S, self._expire)
             return
         await self._queue.enqueue_event(event)
+
+    def _expire(self) -> None:
+        self._late = asyncio.get_running_loop().create_task(self._send_held())
+
+    async def _send_held(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            await self._queue.enqueue_event(held)
 
     async def release(self, rec: Any) -> None:
         """Send the held message, with the finished half of ``rec`` when there is one; a half no
         message can carry goes to the join writer."""
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._late is not None:
+            await self._late
         held, self._held = self._held, None
         with guarded("a2a.server.reply_half", rec):
             half = prop.reply_half(rec)
