@@ -136,6 +136,9 @@ def run_demo(out: str | Path = ".marft/demo", quick: bool = False, seeds: int | 
     shutil.rmtree(out, ignore_errors=True)  # each demo starts from an empty store and registry
     out.mkdir(parents=True)
     logging.getLogger("marft_bridge.trainers").setLevel(logging.WARNING)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one progress display: ours
     started = time.perf_counter()
 
     console.print("[bold]1/3[/] warm-started base model (cached under .marft/models)")

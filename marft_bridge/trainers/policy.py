@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import re
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -109,7 +111,9 @@ class MultiAgentPolicy:
         self.adapters = list(dict.fromkeys(self.adapter_of.values()))
         lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                           target_modules=list(config.target_modules), task_type="CAUSAL_LM")
-        self.model = get_peft_model(base, lora, adapter_name=self.adapters[0])
+        with warnings.catch_warnings():  # peft 0.21 calls an API transformers 5 deprecated; not ours to act on
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            self.model = get_peft_model(base, lora, adapter_name=self.adapters[0])
         for name in self.adapters[1:]:
             self.model.add_adapter(name, lora)
         if config.critic_backbone == "lora":
