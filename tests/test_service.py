@@ -58,7 +58,26 @@ def _fill(store: TraceStore, n: int, version: int | None = 1, good: float = 1.0,
         store.add_episode(_episode("a" if i % 2 == 0 else "b", good if i % 2 == 0 else bad, version))
 
 
-def test_service_trains_promotes_resumes_and_rolls_back(tmp_path, tiny_model_dir):
+def _served_version(server, key) -> int | None:
+    """The adapter version the live server answers "picker" requests with."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.base_url, api_key=key)
+    reply = client.chat.completions.create(model="picker", messages=PROMPT, max_tokens=1)
+    return reply.model_extra["adapter"]["version"]
+
+
+@pytest.fixture
+def server(tmp_path, tiny_model_dir):
+    from marft_bridge.serving import ServerProcess
+
+    with ServerProcess(tiny_model_dir, tmp_path / "registry", api_key="k") as srv:
+        yield srv
+
+
+def test_service_trains_promotes_resumes_and_rolls_back(tmp_path, tiny_model_dir, server):
+    from marft_bridge.serving import EmbeddedServerPublisher
+
     cfg = _config(tmp_path, tiny_model_dir)
     store = TraceStore.open(cfg.store)
     eval_calls = []
@@ -67,13 +86,14 @@ def test_service_trains_promotes_resumes_and_rolls_back(tmp_path, tiny_model_dir
         eval_calls.append(adapters)
         return _logp_of("a", tiny_model_dir, adapters["picker"])
 
-    svc = ContinuousService(cfg, eval_fn=prefers_a)
+    publishers = [EmbeddedServerPublisher(server.url, "k")]
+    svc = ContinuousService(cfg, eval_fn=prefers_a, publishers=publishers)
     _fill(store, 6)
     assert svc.step() == {"decision": "wait", "pending": 6}
     assert svc.registry.current("picker") is None
 
     # Restart before enough data arrived: the cursor and the pending episodes survive.
-    svc = ContinuousService(cfg, eval_fn=prefers_a)
+    svc = ContinuousService(cfg, eval_fn=prefers_a, publishers=publishers)
     assert len(svc.state.pending) == 6 and svc.state.cursor == store.cursor()
     _fill(store, 6)
     row = svc.step()
@@ -82,6 +102,7 @@ def test_service_trains_promotes_resumes_and_rolls_back(tmp_path, tiny_model_dir
     # v1 is the untrained baseline (LoRA B = 0, the base model); v2 the trained candidate.
     assert svc.registry.current("picker") == 2
     assert svc.registry.manifest("picker", 2).parent == 1
+    assert _served_version(server, "k") == 2  # hot-swapped into the running server
     assert eval_calls[-1] == {"picker": svc.registry.path("picker", 1)}
     assert eval_calls[-1] != eval_calls[-2]
     base_logp = _logp_of("a", tiny_model_dir, None)
@@ -91,7 +112,7 @@ def test_service_trains_promotes_resumes_and_rolls_back(tmp_path, tiny_model_dir
 
     # Restart after the promotion: the trainer resumes from the accepted checkpoint, whose adapter
     # is bit-identical to the published version.
-    svc = ContinuousService(cfg, eval_fn=prefers_a)
+    svc = ContinuousService(cfg, eval_fn=prefers_a, publishers=publishers)
     svc.trainer.save_adapters(tmp_path / "resumed")
     from safetensors.torch import load_file
 
@@ -107,6 +128,7 @@ def test_service_trains_promotes_resumes_and_rolls_back(tmp_path, tiny_model_dir
     assert row["decision"] == "rollback", row
     assert row["versions"] == {"picker": 1}
     assert svc.registry.current("picker") == 1
+    assert _served_version(server, "k") == 1
     assert svc.state.watch is None
 
 
