@@ -208,6 +208,9 @@ def _message(m: Any) -> dict[str, Any]:
     return out
 
 
+_EMPTY: dict = {}
+
+
 def _sampling(params: dict[str, Any]) -> dict[str, Any] | None:
     extra = params.get("extra_body") or _EMPTY
     s = {}
@@ -222,9 +225,6 @@ def _sampling(params: dict[str, Any]) -> dict[str, Any] | None:
     if stop is not None:
         s["stop"] = [stop] if isinstance(stop, str) else stop
     return s or None
-
-
-_EMPTY: dict = {}
 
 
 # -- run settings --------------------------------------------------------------------------------
