@@ -40,7 +40,7 @@ class DemoSettings(BaseModel):
     methods: list[str] = list(METHODS)
     warmstart: dict = {}  # WarmStartConfig overrides (the model is cached per setting)
     trainer: dict = {
-        "lr": 2e-3,
+        "lr": 1e-3,
         "critic_lr": 1e-3,
         "ppo_epochs": 4,
         "num_minibatches": 2,
