@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -208,7 +207,7 @@ def _take_reply_half(result: Any) -> Any:
     del msg.metadata[prop.HALF_KEY]
     if not msg.metadata.fields:
         msg.ClearField("metadata")
-    return json.loads(raw) if isinstance(raw, str) else None
+    return raw if isinstance(raw, str) else None
 
 
 def instrument_client(client: Any, agent: str | None = None) -> Any:
@@ -304,7 +303,7 @@ class _QueueTap:
             half = prop.reply_half(rec)
             if half is not None:
                 if held is not None:
-                    held.metadata[prop.HALF_KEY] = json.dumps(half)
+                    held.metadata[prop.HALF_KEY] = half
                 else:
                     prop.write_reply_half(rec, half)
         if held is not None:

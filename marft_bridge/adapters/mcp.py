@@ -61,13 +61,14 @@ def result_text(result: Any) -> tuple[str, bool]:
         if not text and result.structured_content is not None:
             text = json.dumps(_jsonable(result.structured_content), sort_keys=True)
         return text, bool(result.is_error)
-    data = _jsonable(result)
+    # A wire dict (what a server middleware sees) is read as it is; anything else is dumped first.
+    data = result if isinstance(result, dict) else _jsonable(result)
     if not isinstance(data, dict):
         return str(data), False
     texts = [c.get("text", "") for c in data.get("content") or [] if isinstance(c, dict) and c.get("type") == "text"]
     text = "\n".join(texts)
     if not text and data.get("structuredContent") is not None:
-        text = json.dumps(data["structuredContent"], sort_keys=True)
+        text = json.dumps(_jsonable(data["structuredContent"]), sort_keys=True)
     return text, bool(data.get("isError"))
 
 

@@ -45,6 +45,7 @@ call raised, an intermediate round) goes through the join writer.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 import threading
@@ -218,8 +219,8 @@ def begin_call(recorder: EpisodeRecorder, agent: str | None) -> CallStep:
 # Call steps made in this process and not yet recorded, by id: a callee served here finds its caller.
 _IN_FLIGHT: weakref.WeakValueDictionary[str, CallStep] = weakref.WeakValueDictionary()
 _IN_FLIGHT_LOCK = threading.Lock()
-# Per caller recorder, the ids of actions that came from in-process callee halves: ``begin_call``
-# skips them, as it would in the caller's process if the callee lived elsewhere.
+# Per caller recorder, the ids of actions that came from callee halves (in-process or in a reply):
+# ``begin_call`` and ``recorded`` skip them, as if the halves had been written apart.
 _HALF_IDS: weakref.WeakKeyDictionary[EpisodeRecorder, set[str]] = weakref.WeakKeyDictionary()
 
 
@@ -245,24 +246,21 @@ def _attach_in_process(data: dict, caller: CallerRef, writer: JoinWriter) -> boo
         return True
 
 
-def reply_half(recorder: EpisodeRecorder) -> dict | None:
+def reply_half(recorder: EpisodeRecorder) -> str | None:
     """The finished half of a callee ``recorder`` that asked to send it back in its reply, as JSON
-    data (None when there is none: it went to an in-process caller, or nothing was recorded)."""
-    import json
-
+    text (None when there is none: it went to an in-process caller, or nothing was recorded)."""
     store = recorder.store
     halves = store.reply or []
     store.reply = None
     if not halves:
         return None
-    data = _combine(halves)
-    return json.loads(json.dumps(data, default=lambda o: o.isoformat() if hasattr(o, "isoformat") else str(o)))
+    return json.dumps(_combine(halves), default=lambda o: o.isoformat() if hasattr(o, "isoformat") else str(o))
 
 
-def write_reply_half(recorder: EpisodeRecorder, half: dict | None) -> None:
+def write_reply_half(recorder: EpisodeRecorder, half: str | None) -> None:
     """A half meant for the reply that cannot go in it: write it through the join writer."""
     store = recorder.store
-    halves = [half] if half is not None else (store.reply or [])
+    halves = [json.loads(half)] if half is not None else (store.reply or [])
     store.reply = None
     for h in halves:
         store.writer.write(h, store.caller.action_id)
@@ -272,6 +270,11 @@ def accept_reply_half(step: CallStep, half: Any) -> bool:
     """Take a callee half that came back in a reply: it is recorded into the caller's recorder
     right after the call step (as an in-process half is). Only a half of this episode that starts
     from this call step is taken."""
+    if isinstance(half, str):
+        try:
+            half = json.loads(half)
+        except ValueError:
+            return False
     if not isinstance(half, dict):
         return False
     acts = half.get("actions")
