@@ -121,9 +121,6 @@ async def compare(make_plain, make_captured, n: int, rounds: int, per_episode: i
             cap_t.append(got["cap"])
             ratios.append(got["cap"] / got["plain"])
             cpu_ratios.append(cpu["cap"] / cpu["plain"])
-            if os.environ.get("BENCH_DEBUG"):
-                print(f"round {r}: plain {1e3 * got['plain']:.3f} ms, captured {1e3 * got['cap']:.3f} ms",
-                      file=sys.stderr)
     return {"plain_ms": 1e3 * statistics.median(plain_t), "captured_ms": 1e3 * statistics.median(cap_t),
             "ratio": statistics.median(ratios), "min_ratio": min(cap_t) / min(plain_t),
             "cpu_ratio": statistics.median(cpu_ratios)}
