@@ -7,8 +7,8 @@ pydantic models nor any optional extra until they are used.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ._lazy import lazy_getattr
+
 
 __version__ = "0.1.0"
 
@@ -33,14 +33,7 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'marft_bridge' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 
 def __dir__() -> list[str]:

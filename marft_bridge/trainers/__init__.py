@@ -8,8 +8,8 @@ Never imports LangGraph, MCP or A2A. Names resolve lazily so importing this pack
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy_getattr
+
 
 _EXPORTS = {
     "MarftConfig": "marft_bridge.trainers.config",
@@ -23,9 +23,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'marft_bridge.trainers' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
