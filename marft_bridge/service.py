@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import MarftError
 
@@ -74,17 +74,9 @@ class ServiceConfig(BaseModel):
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> ServiceConfig:
-        import yaml
+        from .config_files import load_yaml_config
 
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise MarftError(f"cannot read service config {path}: {e}") from None
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            err = e.errors()[0]
-            raise MarftError(f"service config {path}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        return load_yaml_config(cls, path)
 
 
 class ServiceState(BaseModel):
@@ -225,11 +217,11 @@ class ContinuousService:
 
     def run(self, max_rounds: int | None = None, stop: Callable[[], bool] | None = None) -> None:
         rounds = 0
-        while max_rounds is None or rounds < max_rounds:
-            if stop and stop():
-                break
+        while not (stop and stop()):
             result = self.step()
             rounds += 1
+            if max_rounds is not None and rounds >= max_rounds:
+                break
             if result.get("decision") == "wait":
                 time.sleep(self.config.poll_interval_s)
 

@@ -145,3 +145,33 @@ def test_gate_refuses_a_worse_candidate(tmp_path, tiny_model_dir):
     assert svc.registry.versions("picker") == [1]  # only the untrained baseline
     assert svc.registry.current("picker") == 1
     assert svc.state.pending == []
+
+
+def test_service_cli_status_and_config_errors(tmp_path, tiny_model_dir):
+    import subprocess
+    import sys
+
+    import yaml
+
+    cfg = _config(tmp_path, tiny_model_dir)
+    good = tmp_path / "service.yaml"
+    good.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    TraceStore.open(cfg.store).add_episode(_episode("a", 1.0))
+
+    def marft(*args):
+        return subprocess.run([sys.executable, "-m", "marft_bridge", "service", *args], capture_output=True,
+                              text=True, timeout=300)
+
+    r = marft("--config", str(good), "--max-rounds", "1")  # one poll: below min_new_episodes, so it waits
+    assert r.returncode == 0, r.stderr
+    r = marft("status", "--config", str(good))
+    assert r.returncode == 0, r.stderr
+    status = json.loads(r.stdout)
+    assert status["state"]["pending"] and status["versions"] == {"picker": None}
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text() + "min_new_episodes: 0\n")
+    r = marft("status", "--config", str(bad))
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [f"marft: error: config {bad}: min_new_episodes: "
+                                             "Input should be greater than or equal to 1"]

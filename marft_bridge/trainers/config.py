@@ -13,8 +13,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import MarftError
-
 
 class MarftConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -71,22 +69,9 @@ class MarftConfig(BaseModel):
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> MarftConfig:
-        import yaml
+        from ..config_files import load_yaml_config
 
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise MarftError(f"cannot read config {path}: {e}") from None
-        if not isinstance(data, dict):
-            raise MarftError(f"config {path}: expected a mapping of options, got {type(data).__name__}")
-        from pydantic import ValidationError
-
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            err = e.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"])
-            raise MarftError(f"config {path}: {loc}: {err['msg']}") from None
+        return load_yaml_config(cls, path)
 
     def to_yaml(self) -> str:
         import yaml
