@@ -14,7 +14,13 @@ Where a call lands:
   that node's agent, with the node's dependencies;
 - inside ``marft_bridge.episode(...)``: an action whose agent is the model name (= adapter
   name), depending on earlier actions whose output text appears in its messages.
-Outside all of these the hook does nothing. Streaming responses are not parsed here.
+Outside all of these the hook does nothing.
+
+Streams (``stream=True``; ``ChatOpenAI(streaming=True)`` and ``.stream()``) are tapped: the app
+gets the very same chunk objects, while capture folds each chunk's ``delta``, ``token_ids``,
+``logprobs.content``, ``prompt_token_ids``, ``adapter`` and ``finish_reason`` into one response of
+the non-streaming shape (``StreamAccumulator``), delivered as above when the stream ends, in the
+context of the call that opened it. A stream abandoned or failed before its end records nothing.
 
 ``install()`` / ``uninstall()`` patch and restore the client (``install`` is idempotent and is
 called by ``marft_bridge.instrument``/``capture``). ``completion_fields(request, response)``
@@ -25,13 +31,16 @@ from __future__ import annotations
 
 import contextvars
 import sys
+from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from typing import Any
 
-from ..recording import current_episode, guarded
+from ..recording import capture_error, current_episode, guarded
 from ..schema import utcnow
 
 _PATHS = ("/chat/completions",)
+# Key of the assembled stream response that carries what only the chunks showed.
+STREAM_KEY = "marft_stream"
 
 
 class RawCall:
@@ -95,6 +104,9 @@ def completion_fields(request: dict, response: dict) -> dict[str, Any]:
     choice = (response.get("choices") or [{}])[0]
     msg = choice.get("message") or {}
     ids, lps, problem = token_data(choice.get("logprobs"), choice.get("token_ids"))
+    stream = response.get(STREAM_KEY) if isinstance(response.get(STREAM_KEY), dict) else None
+    if stream and stream.get("token_data_dropped"):  # chunk-level misalignment the totals may hide
+        ids, lps, problem = None, None, stream["token_data_dropped"]
     extra = request.get("extra_body") or {}
 
     def param(name: str) -> Any:
@@ -114,6 +126,8 @@ def completion_fields(request: dict, response: dict) -> dict[str, Any]:
     metadata: dict[str, Any] = {"response_model": response.get("model"), "response_id": response.get("id")}
     if problem:
         metadata["token_data_dropped"] = problem
+    if stream:
+        metadata["stream_chunks"] = stream.get("chunks")
     prompt_ids = response.get("prompt_token_ids") or choice.get("prompt_token_ids")
     return {
         "observation": {
@@ -142,20 +156,156 @@ def _response_dict(result: Any) -> dict | None:
     return result if isinstance(result, dict) else None
 
 
+# -- streams -------------------------------------------------------------------------------------
+
+
+class StreamAccumulator:
+    """Folds chat-completion chunks (first choice) into one response of the non-streaming shape.
+
+    Token ids and log-probs are concatenated per chunk; if any chunk carries a different number
+    of each (while the stream as a whole has both), the pairing is unreliable and the assembled
+    response says so under ``STREAM_KEY`` so that ``completion_fields`` drops both.
+    """
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] = {}
+        self.role = "assistant"
+        self.text: list[str] = []
+        self.tool_calls: dict[int, dict] = {}
+        self.token_ids: list[int] | None = None
+        self.logprobs: list[dict] | None = None
+        self.counts: list[tuple[int, int]] = []  # (token ids, log-probs) per chunk that had either
+        self.finish_reason: str | None = None
+        self.prompt_token_ids: list[int] | None = None
+        self.adapter: dict | None = None
+        self.usage: dict | None = None
+        self.chunks = 0
+        self.failed = False
+
+    def add(self, chunk: Any) -> None:
+        c = chunk.model_dump(mode="json") if hasattr(chunk, "model_dump") else chunk
+        if not isinstance(c, dict):
+            return
+        self.chunks += 1
+        for k in ("id", "model", "created", "system_fingerprint"):
+            if c.get(k) is not None:
+                self.head.setdefault(k, c[k])
+        if isinstance(c.get("adapter"), dict):
+            self.adapter = c["adapter"]
+        if c.get("usage"):
+            self.usage = c["usage"]
+        if self.prompt_token_ids is None and c.get("prompt_token_ids") is not None:
+            self.prompt_token_ids = list(c["prompt_token_ids"])
+        for choice in c.get("choices") or []:
+            if isinstance(choice, dict) and (choice.get("index") or 0) == 0:
+                self._add_choice(choice)
+
+    def _add_choice(self, ch: dict) -> None:
+        delta = ch.get("delta") or {}
+        if delta.get("role"):
+            self.role = delta["role"]
+        if delta.get("content"):
+            self.text.append(delta["content"])
+        for tc in delta.get("tool_calls") or []:
+            slot = self.tool_calls.setdefault(
+                tc.get("index", len(self.tool_calls)), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+            )
+            slot["id"] = tc.get("id") or slot["id"]
+            slot["type"] = tc.get("type") or slot["type"]
+            fn = tc.get("function") or {}
+            slot["function"]["name"] += fn.get("name") or ""
+            slot["function"]["arguments"] += fn.get("arguments") or ""
+        if self.prompt_token_ids is None and ch.get("prompt_token_ids") is not None:
+            self.prompt_token_ids = list(ch["prompt_token_ids"])
+        ids = ch.get("token_ids")
+        content = (ch.get("logprobs") or {}).get("content") if isinstance(ch.get("logprobs"), dict) else None
+        if ids is not None:
+            self.token_ids = self.token_ids or []
+            self.token_ids.extend(ids)
+        if content is not None:
+            self.logprobs = self.logprobs or []
+            self.logprobs.extend(content)
+        if ids or content:
+            self.counts.append((len(ids or ()), len(content or ())))
+        if ch.get("finish_reason"):
+            self.finish_reason = ch["finish_reason"]
+
+    def problem(self) -> str | None:
+        if self.token_ids is None or self.logprobs is None:
+            return None
+        for n, (n_ids, n_lps) in enumerate(self.counts):
+            if n_ids != n_lps:
+                return f"stream chunk {n + 1} with tokens: {n_lps} log-probs for {n_ids} token ids"
+        return None
+
+    def response(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": "".join(self.text)}
+        if self.tool_calls:
+            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        choice = {
+            "index": 0,
+            "message": message,
+            "finish_reason": self.finish_reason,
+            "logprobs": {"content": self.logprobs} if self.logprobs is not None else None,
+            "token_ids": self.token_ids,
+        }
+        out: dict[str, Any] = {**self.head, "object": "chat.completion", "choices": [choice]}
+        for k in ("adapter", "usage", "prompt_token_ids"):
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        out[STREAM_KEY] = {"chunks": self.chunks, "token_data_dropped": self.problem()}
+        return out
+
+
+def _fold(acc: StreamAccumulator, chunk: Any) -> None:
+    """Add one chunk; the first failure stops this stream's capture (the app still gets every chunk)."""
+    if acc.failed:
+        return
+    try:
+        acc.add(chunk)
+    except Exception as e:  # noqa: BLE001 - capture must not break the stream
+        acc.failed = True
+        capture_error("openai.stream", e)
+
+
+def _finish(acc: StreamAccumulator, body: dict, started: datetime, ctx: contextvars.Context) -> None:
+    if acc.failed:
+        return
+    with guarded("openai.capture"):
+        ctx.run(_deliver, body, acc.response(), started)
+
+
+def _tap(source: Iterator, body: dict, started: datetime, ctx: contextvars.Context) -> Iterator:
+    acc = StreamAccumulator()
+    try:
+        for chunk in source:
+            _fold(acc, chunk)
+            yield chunk
+    finally:
+        source.close()
+    _finish(acc, body, started, ctx)
+
+
+async def _atap(source: AsyncIterator, body: dict, started: datetime, ctx: contextvars.Context) -> AsyncIterator:
+    acc = StreamAccumulator()
+    try:
+        async for chunk in source:
+            _fold(acc, chunk)
+            yield chunk
+    finally:
+        await source.aclose()
+    _finish(acc, body, started, ctx)
+
+
 # -- recording -----------------------------------------------------------------------------------
 
 
-def _deliver(path: str, body: Any, extra: Any, result: Any, started: datetime) -> None:
-    if path not in _PATHS or not isinstance(body, dict) or body.get("stream"):
-        return
-    # ``extra_body`` (vLLM's top_k, return_token_ids, ...) travels apart and is merged into the JSON.
-    body = {**body, **extra} if isinstance(extra, dict) else body
+def _deliver(body: dict, response: dict | None, started: datetime) -> None:
     sink = RAW_SINK.get()
     if sink is not None and not sink.done:
-        sink.request, sink.response = dict(body), _response_dict(result)
+        sink.request, sink.response = dict(body), response
         sink.started_at, sink.ended_at = started, utcnow()
         return
-    response = _response_dict(result)
     if response is None:
         return
     fields = completion_fields(dict(body), response)
@@ -174,6 +324,24 @@ def _deliver(path: str, body: Any, extra: Any, result: Any, started: datetime) -
         started_at=started,
         **fields,
     )
+
+
+def _handle(path: str | None, body: Any, extra: Any, result: Any, started: datetime) -> None:
+    if path not in _PATHS or not isinstance(body, dict):
+        return
+    # ``extra_body`` (vLLM's top_k, return_token_ids, ...) travels apart and is merged into the JSON.
+    body = {**body, **extra} if isinstance(extra, dict) else dict(body)
+    if not body.get("stream"):
+        _deliver(body, _response_dict(result), started)
+        return
+    from openai import AsyncStream, Stream
+
+    # Swap the stream's iterator for a tap: the app keeps its Stream object and gets the same chunks.
+    # The tap delivers in a copy of this context, where the episode/node/sink of the call are current.
+    if isinstance(result, Stream):
+        result._iterator = _tap(result._iterator, body, started, contextvars.copy_context())
+    elif isinstance(result, AsyncStream):
+        result._iterator = _atap(result._iterator, body, started, contextvars.copy_context())
 
 
 def _active() -> bool:
@@ -214,7 +382,7 @@ def install() -> None:
         started = utcnow()
         result = sync_request(self, cast_to, options, *args, **kwargs)
         with guarded("openai.capture"):
-            _deliver(url, body, extra, result, started)
+            _handle(url, body, extra, result, started)
         return result
 
     async def arequest(self: Any, cast_to: Any, options: Any, *args: Any, **kwargs: Any) -> Any:
@@ -224,7 +392,7 @@ def install() -> None:
         started = utcnow()
         result = await async_request(self, cast_to, options, *args, **kwargs)
         with guarded("openai.capture"):
-            _deliver(url, body, extra, result, started)
+            _handle(url, body, extra, result, started)
         return result
 
     _originals["sync"], _originals["async"] = sync_request, async_request
@@ -240,4 +408,4 @@ def uninstall() -> None:
     SyncAPIClient.request, AsyncAPIClient.request = _originals.pop("sync"), _originals.pop("async")
 
 
-__all__ = ["RAW_SINK", "RawCall", "completion_fields", "install", "token_data", "uninstall"]
+__all__ = ["RAW_SINK", "STREAM_KEY", "RawCall", "StreamAccumulator", "completion_fields", "install", "token_data", "uninstall"]
