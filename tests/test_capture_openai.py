@@ -47,13 +47,57 @@ def reply(req: dict) -> dict:
     return body
 
 
+TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": '{"q": "tiny llama"}'}}
+
+
+def stream_reply(req: dict) -> list[dict]:
+    """``reply(req)`` as vLLM streams it: role chunk with ``prompt_token_ids``, one chunk per token
+    (``token_ids`` + ``logprobs.content``), the finish reason on the last token chunk, then usage.
+    ``misaligned`` pairs ids and log-probs wrongly per chunk with equal totals; ``tooler`` streams a
+    tool call in pieces."""
+    full = reply(req)
+    choice, model = full["choices"][0], req["model"]
+    head = {k: full[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    head |= {"adapter": full["adapter"]} if "adapter" in full else {}
+    first = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+    if "prompt_token_ids" in full:
+        first["prompt_token_ids"] = full["prompt_token_ids"]
+    chunks = [first]
+    if model == "tooler":
+        args = TOOL_CALL["function"]["arguments"]
+        pieces = [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "search", "arguments": args[:5]}},
+                  {"index": 0, "function": {"arguments": args[5:]}}]
+        chunks += [{**head, "choices": [{"index": 0, "delta": {"tool_calls": [p]}, "finish_reason": None}]} for p in pieces]
+        chunks[-1]["choices"][0]["finish_reason"] = "tool_calls"
+        return chunks
+    text, lps = choice["message"]["content"], (choice.get("logprobs") or {}).get("content")
+    ids, n = choice.get("token_ids"), len(LOGPROBS)
+    cuts = [len(text) * i // n for i in range(n + 1)]
+    for i in range(n):
+        c: dict = {"index": 0, "delta": {"content": text[cuts[i]:cuts[i + 1]]}, "finish_reason": None,
+                   "logprobs": {"content": lps[i:i + 1]} if lps else None}
+        if ids is not None:
+            c["token_ids"] = ids[i:i + 1]
+        chunks.append({**head, "choices": [c]})
+    if model == "misaligned":  # chunk 1 gets two ids, chunk 2 none: 4 and 4 in total
+        chunks[1]["choices"][0]["token_ids"], chunks[2]["choices"][0]["token_ids"] = ids[:2], []
+    chunks[-1]["choices"][0]["finish_reason"] = "stop"
+    if (req.get("stream_options") or {}).get("include_usage"):
+        chunks.append({**head, "choices": [], "usage": full["usage"]})
+    return chunks
+
+
 class Handler(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.requests.append(req)
-        data = json.dumps(reply(req)).encode()
+        if req.get("stream"):
+            data = "".join(f"data: {json.dumps(c)}\n\n" for c in stream_reply(req)).encode() + b"data: [DONE]\n\n"
+            kind = "text/event-stream"
+        else:
+            data, kind = json.dumps(reply(req)).encode(), "application/json"
         self.send_response(200)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -96,8 +140,8 @@ class S(TypedDict, total=False):
     code: str
 
 
-def two_agents(url: str, asynchronous: bool = False):
-    planner, coder = token_model(url, "planner"), token_model(url, "coder")
+def two_agents(url: str, asynchronous: bool = False, streaming: bool = False):
+    planner, coder = token_model(url, "planner", streaming=streaming), token_model(url, "coder", streaming=streaming)
     g = StateGraph(S)
     if asynchronous:
         async def plan(s):
@@ -238,3 +282,66 @@ def test_calls_outside_any_capture_record_nothing(server, store):
     two_agents(url).invoke({"q": "x"})
     store.flush()
     assert store.count() == 0
+
+
+# -- streaming (vLLM-shaped chunks) ---------------------------------------------------------------
+
+
+def test_streaming_chatopenai_graph_stored_exactly(server, store):
+    httpd, url = server
+    httpd.requests.clear()
+    app = mb.instrument(two_agents(url, streaming=True), store=store)
+    out = app.invoke({"q": "what?"})
+    assert out["code"] == "coder answer to planner answer to what?"
+    assert all(r["stream"] is True for r in httpd.requests) and len(httpd.requests) == 2
+    store.flush()
+    ep = store.get_episode(app.last_episode_id)
+    check_exact(ep, httpd.requests)
+    assert [a.output.finish_reason for a in ep.actions] == ["stop", "stop"]
+
+
+def test_streaming_async_chatopenai_graph_stored_exactly(server, store):
+    httpd, url = server
+    httpd.requests.clear()
+    app = mb.instrument(two_agents(url, asynchronous=True, streaming=True), store=store)
+    asyncio.run(app.ainvoke({"q": "what?"}))
+    store.flush()
+    check_exact(store.get_episode(app.last_episode_id), httpd.requests)
+
+
+def test_streamed_token_data_that_does_not_line_up_is_dropped_with_the_reason(server, store):
+    _, url = server
+    client = OpenAI(base_url=url, api_key="test", max_retries=0)
+
+    def stream(model: str, **extra) -> str:
+        s = client.chat.completions.create(model=model, messages=[{"role": "user", "content": model}], stream=True,
+                                           logprobs=True, extra_body=extra)
+        return "".join(c.choices[0].delta.content or "" for c in s if c.choices)
+
+    with mb.episode(store=store) as ep:
+        stream("misaligned", return_token_ids=True)
+        stream("broken", return_token_ids=True)
+        stream("planner", return_tokens_as_token_ids=True)
+    store.flush()
+    mis, broken, planner = store.get_episode(ep.id).actions
+    for a in (mis, broken):
+        assert a.output.token_ids is None and a.output.logprobs is None and a.token_source == "retokenize"
+        assert a.output.text == f"{a.agent} answer to {a.agent}"
+    assert mis.metadata["token_data_dropped"] == "stream chunk 1 with tokens: 1 log-probs for 2 token ids"
+    assert broken.metadata["token_data_dropped"] == "4 log-probs for 2 token ids"
+    seed = sum(map(ord, "planner")) % 97
+    assert planner.output.token_ids == [seed, seed + 1, seed + 2, seed + 3] and planner.output.logprobs == LOGPROBS
+    assert planner.token_source == "server" and planner.policy.version == VERSIONS["planner"]
+
+
+def test_streamed_tool_call_pieces_are_joined(server, store):
+    _, url = server
+    client = OpenAI(base_url=url, api_key="test", max_retries=0)
+    with mb.episode(store=store) as ep:
+        chunks = list(client.chat.completions.create(model="tooler", messages=[{"role": "user", "content": "find"}],
+                                                     stream=True))
+    assert len(chunks) == 3
+    store.flush()
+    (a,) = store.get_episode(ep.id).actions
+    assert a.output.tool_calls == [TOOL_CALL] and a.output.finish_reason == "tool_calls" and a.output.text == ""
+    assert a.metadata["stream_chunks"] == 3

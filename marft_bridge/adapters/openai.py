@@ -105,7 +105,7 @@ def completion_fields(request: dict, response: dict) -> dict[str, Any]:
     msg = choice.get("message") or {}
     ids, lps, problem = token_data(choice.get("logprobs"), choice.get("token_ids"))
     stream = response.get(STREAM_KEY) if isinstance(response.get(STREAM_KEY), dict) else None
-    if stream and stream.get("token_data_dropped"):  # chunk-level misalignment the totals may hide
+    if problem is None and stream and stream.get("token_data_dropped"):  # misaligned chunks, equal totals
         ids, lps, problem = None, None, stream["token_data_dropped"]
     extra = request.get("extra_body") or {}
 
