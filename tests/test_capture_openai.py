@@ -309,6 +309,19 @@ def test_streaming_async_chatopenai_graph_stored_exactly(server, store):
     check_exact(store.get_episode(app.last_episode_id), httpd.requests)
 
 
+def test_streaming_with_raw_response_headers(server, store):
+    httpd, url = server
+    httpd.requests.clear()
+    model = token_model(url, "planner", streaming=True, include_response_headers=True)  # with_raw_response inside
+    app = mb.instrument(StateGraph(S).add_node("planner", lambda s: {"plan": model.invoke(s["q"]).content})
+                        .add_edge(START, "planner").compile(), store=store)
+    assert app.invoke({"q": "what?"})["plan"] == "planner answer to what?"
+    store.flush()
+    (a,) = store.get_episode(app.last_episode_id).actions
+    assert a.output.token_ids == reply(httpd.requests[0])["choices"][0]["token_ids"] and a.output.logprobs == LOGPROBS
+    assert a.token_source == "server" and a.policy.version == VERSIONS["planner"]
+
+
 def test_streamed_token_data_that_does_not_line_up_is_dropped_with_the_reason(server, store):
     _, url = server
     client = OpenAI(base_url=url, api_key="test", max_retries=0)

@@ -335,7 +335,10 @@ def _handle(path: str | None, body: Any, extra: Any, result: Any, started: datet
         _deliver(body, _response_dict(result), started)
         return
     from openai import AsyncStream, Stream
+    from openai._legacy_response import LegacyAPIResponse
 
+    if isinstance(result, LegacyAPIResponse):  # with_raw_response: parse() caches, the app gets our Stream
+        result = result.parse()
     # Swap the stream's iterator for a tap: the app keeps its Stream object and gets the same chunks.
     # The tap delivers in a copy of this context, where the episode/node/sink of the call are current.
     if isinstance(result, Stream):
