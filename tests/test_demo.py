@@ -80,3 +80,16 @@ def test_registry_holds_every_published_version(demo):
         assert reg.versions(name) == list(range(1, n + 1))
         assert reg.current(name) == n
         assert reg.manifest(name, n).parent == n - 1
+
+
+def test_demo_never_empties_a_folder_it_did_not_make(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "precious.txt").write_text("keep me")
+    r = subprocess.run([sys.executable, "-m", "marft_bridge", "demo", "--quick", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        f"marft: error: {tmp_path} is not empty and was not made by marft demo; choose another --out"]
+    assert (tmp_path / "precious.txt").read_text() == "keep me"

@@ -132,9 +132,7 @@ def run_demo(out: str | Path = ".marft/demo", quick: bool = False, seeds: int | 
     s = settings or (DemoSettings.quick() if quick else DemoSettings())
     s = s.model_copy(update={k: v for k, v in {"seeds": seeds, "iterations": iterations}.items() if v})
     console = Console()
-    out = Path(out)
-    shutil.rmtree(out, ignore_errors=True)  # each demo starts from an empty store and registry
-    out.mkdir(parents=True)
+    out = _fresh_dir(Path(out))
     logging.getLogger("marft_bridge.trainers").setLevel(logging.WARNING)
     from transformers.utils import logging as hf_logging
 
@@ -186,6 +184,22 @@ def run_demo(out: str | Path = ".marft/demo", quick: bool = False, seeds: int | 
     _plot(curves, out / "learning_curve.png")
     console.print(f"[bold]3/3[/] results in {out / 'results.json'}, learning curve in {out / 'learning_curve.png'}")
     return results
+
+
+MARKER = ".marft-demo"
+
+
+def _fresh_dir(out: Path) -> Path:
+    """Empty the output directory for a new run, but only one a demo made (never a user's folder)."""
+    from ..errors import MarftError
+
+    if out.exists() and any(out.iterdir()):
+        if not (out / MARKER).is_file():
+            raise MarftError(f"{out} is not empty and was not made by marft demo; choose another --out")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("made by marft demo; emptied at the start of every run\n")
+    return out
 
 
 def _write_metrics(out: Path, method: str, seed: int, curve: list[float], versions: list[dict]) -> None:
