@@ -84,9 +84,7 @@ class ServiceState(BaseModel):
     round: int = 0
     pending: list[str] = Field(default_factory=list)  # rewarded episode ids not yet trained on
     heldout: list[str] = Field(default_factory=list)
-    live_score: float | None = None
     watch: dict[str, Any] | None = None  # {"versions": {agent: v}, "previous": {agent: v}}
-    decisions: int = 0
 
 
 def heldout(episode_id: str, fraction: float) -> bool:
@@ -143,7 +141,6 @@ class ContinuousService:
         log.info("service %s: %s", decision, reason)
         with open(self.dir / DECISIONS_FILE, "a") as f:
             f.write(json.dumps(row, default=str) + "\n")
-        self.state.decisions += 1
         return row
 
     @property
@@ -255,7 +252,6 @@ class ContinuousService:
         accepted = self.dir / "accepted"
         shutil.rmtree(accepted, ignore_errors=True)
         shutil.copytree(candidate / "checkpoint", accepted)
-        self.state.live_score = new_score
         self.state.watch = {"versions": versions, "previous": previous}
         for ep in episodes:  # the baseline: what the previous versions earned on the training episodes
             self._watch(ep)
@@ -270,11 +266,20 @@ class ContinuousService:
         for agent in agents or self.config.agents:
             v = self.registry.publish(agent, adapters_dir / agent, metrics=metrics,
                                       config=self.trainer.config.model_dump(mode="json"))
-            for pub in self.publishers[1:]:
-                pub.load(agent, self.registry.path(agent, v), version=v)
-            self.registry.promote(agent, v, publisher=self.publishers[0] if self.publishers else None)
-            versions[agent] = v
+            versions[agent] = self._serve(agent, v)
         return versions
+
+    def _serve(self, agent: str, version: int | None = None) -> int:
+        """Make ``version`` (None: the previous one) live: the registry marks it current only once
+        the first server accepted it, then every other server loads it too."""
+        first = self.publishers[0] if self.publishers else None
+        if version is None:
+            version = self.registry.rollback(agent, publisher=first)
+        else:
+            self.registry.promote(agent, version, publisher=first)
+        for pub in self.publishers[1:]:
+            pub.load(agent, self.registry.path(agent, version), version=version)
+        return version
 
     def _restore_accepted(self) -> None:
         accepted = self.dir / "accepted"
@@ -310,11 +315,7 @@ class ContinuousService:
                               f"before", versions=new_v)
             self._save_state()
             return None
-        rolled = {}
-        for agent in old_v:
-            rolled[agent] = self.registry.rollback(agent, publisher=self.publishers[0] if self.publishers else None)
-            for other in self.publishers[1:]:
-                other.load(agent, self.registry.path(agent, rolled[agent]), version=rolled[agent])
+        rolled = {agent: self._serve(agent) for agent in old_v}
         row = self.decide("rollback", f"live reward {new_mean:.4f} on {len(new_r)} episodes fell below "
                           f"{old_mean:.4f} - margin {self.config.rollback_margin}", versions=rolled)
         self._save_state()
