@@ -355,12 +355,8 @@ def _record_error(exc: ValidationError, record: str | None) -> RecordError:
     return RecordError(record, field, err["msg"])
 
 
-def parse_episode(data: str | bytes | dict, record: str | None = None) -> Episode:
-    """Validate raw JSON (text or a decoded dict) into an Episode, or raise RecordError.
-
-    ``record`` names the source (for instance ``traces.jsonl line 7``); the episode's own id is
-    added when it can be read, so the message names both.
-    """
+def episode_data(data: str | bytes | dict, record: str | None = None) -> dict:
+    """Raw episode JSON (text or an already decoded value) as a dict, or RecordError (not validated)."""
     import json
 
     if isinstance(data, (str, bytes)):
@@ -370,6 +366,16 @@ def parse_episode(data: str | bytes | dict, record: str | None = None) -> Episod
             raise RecordError(record, None, f"malformed JSON: {e}") from None
     if not isinstance(data, dict):
         raise RecordError(record, None, f"an episode must be a JSON object, not {type(data).__name__}")
+    return data
+
+
+def parse_episode(data: str | bytes | dict, record: str | None = None) -> Episode:
+    """Validate raw JSON (text or a decoded dict) into an Episode, or raise RecordError.
+
+    ``record`` names the source (for instance ``traces.jsonl line 7``); the episode's own id is
+    added when it can be read, so the message names both.
+    """
+    data = episode_data(data, record)
     try:
         return Episode.model_validate(data)
     except ValidationError as e:

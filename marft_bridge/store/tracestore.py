@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
 from ..errors import MarftError, RecordError
-from ..schema import Action, Episode, Reward, _record_error, parse_episode
+from ..schema import Action, Episode, Reward, _record_error, episode_data, parse_episode
 from . import tables as t
 from .records import DeadLetter, EpisodeNotFound, Refusal, WriteReport
 
@@ -729,14 +729,7 @@ def _to_data(item: Episode | dict | str | bytes) -> dict:
             return item.model_dump()  # python mode: validating it back is twice as fast as JSON mode
         except Exception as e:  # noqa: BLE001 - a mutated object may hold anything
             raise RecordError(f"episode {item.id}", None, f"cannot serialize: {e}") from None
-    if isinstance(item, (str, bytes)):
-        try:
-            item = json.loads(item)
-        except ValueError as e:
-            raise RecordError(None, None, f"malformed JSON: {e}") from None
-    if not isinstance(item, dict):
-        raise RecordError(None, None, f"an episode must be an Episode or a JSON object, not {type(item).__name__}")
-    return item
+    return episode_data(item)
 
 
 def _unqueued(item: Any) -> Any:
