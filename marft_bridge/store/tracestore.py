@@ -487,12 +487,7 @@ class TraceStore:
     ) -> Iterator[Episode]:
         """Stored episodes by start time, filtered; ``since`` inclusive, ``until`` exclusive."""
         self._check_open()
-        where = _filters(source, agent, since, until, has_reward)
-        order = (t.episodes.c.started_at.desc(), t.episodes.c.id.desc()) if newest_first else (
-            t.episodes.c.started_at, t.episodes.c.id)
-        q = sa.select(t.episodes.c.id).where(*where).order_by(*order)
-        if limit is not None:
-            q = q.limit(limit)
+        q = _listing([t.episodes.c.id], _filters(source, agent, since, until, has_reward), limit, newest_first)
         with self._reader.connect() as conn:
             ids = list(conn.execute(q).scalars())
         for i in range(0, len(ids), _READ_CHUNK):
@@ -504,12 +499,9 @@ class TraceStore:
         """Summary rows (id, source, status, times, counts, agents) without loading the episodes."""
         limit = filters.pop("limit", None)
         newest_first = filters.pop("newest_first", False)
-        where = _filters(**filters)
         e = t.episodes.c
-        order = (e.started_at.desc(), e.id.desc()) if newest_first else (e.started_at, e.id)
-        q = sa.select(e.id, e.source, e.status, e.started_at, e.ended_at, e.n_actions, e.n_rewards).where(*where).order_by(*order)
-        if limit is not None:
-            q = q.limit(limit)
+        cols = [e.id, e.source, e.status, e.started_at, e.ended_at, e.n_actions, e.n_rewards]
+        q = _listing(cols, _filters(**filters), limit, newest_first)
         with self._reader.connect() as conn:
             rows = [dict(r._mapping) for r in conn.execute(q)]
             ids = [r["id"] for r in rows]
@@ -839,6 +831,14 @@ def _filters(source=None, agent=None, since=None, until=None, has_reward=None) -
     if has_reward is not None:
         where.append(e.n_rewards > 0 if has_reward else e.n_rewards == 0)
     return where
+
+
+def _listing(columns: list, where: list, limit: int | None, newest_first: bool) -> sa.Select:
+    """SELECT of episode columns, filtered, by start time (id breaks ties), at most ``limit`` rows."""
+    e = t.episodes.c
+    order = (e.started_at.desc(), e.id.desc()) if newest_first else (e.started_at, e.id)
+    q = sa.select(*columns).where(*where).order_by(*order)
+    return q if limit is None else q.limit(limit)
 
 
 def _from_epoch(x: float | None) -> datetime | None:
