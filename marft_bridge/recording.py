@@ -488,16 +488,8 @@ def episode(
     meta = dict(metadata or {})
     if parent is not None:
         meta.setdefault("parent_episode", parent.id)
-    rec = EpisodeRecorder(store, task=task, source=source, metadata=meta)
-    token = _CURRENT.set(rec)
-    try:
+    with _current(EpisodeRecorder(store, task=task, source=source, metadata=meta)) as rec:
         yield rec
-    except BaseException as e:
-        rec.finish("failed", f"{type(e).__name__}: {e}")
-        raise
-    finally:
-        _CURRENT.reset(token)
-        rec.finish()
 
 
 @contextmanager
@@ -513,10 +505,16 @@ def implicit_episode(
         cur.set_task(task)
         yield cur, False
         return
-    rec = EpisodeRecorder(store, task=task, source=source, metadata=metadata)
+    with _current(EpisodeRecorder(store, task=task, source=source, metadata=metadata)) as rec:
+        yield rec, True
+
+
+@contextmanager
+def _current(rec: EpisodeRecorder) -> Iterator[EpisodeRecorder]:
+    """``rec`` is the current episode in the block, finished after it (failed if the block raised)."""
     token = _CURRENT.set(rec)
     try:
-        yield rec, True
+        yield rec
     except BaseException as e:
         rec.finish("failed", f"{type(e).__name__}: {e}")
         raise
