@@ -61,21 +61,20 @@ class _Run:
 
     def __init__(self, method: str, seed: int, base: Path, server, key: str, registry, store, s: DemoSettings):
         from ..adapters.langgraph import instrument
+        from ..serving import EmbeddedServerPublisher
         from ..trainers.config import MarftConfig
         from ..trainers.marft import MarftTrainer
         from . import app as demo_app
         from . import task
 
-        from ..serving import EmbeddedServerPublisher
-
-        self.method, self.seed, self.registry, self.store = method, seed, registry, store
+        self.registry, self.store = registry, store
         self.publisher = EmbeddedServerPublisher(server.url, key)
         self.source = f"demo/{method}/s{seed}"
         single = method == "single_agent"
         # Captured agents are the graph's node names; the server names adapters per run.
-        self.agents = ["agent"] if single else ["planner", "solver"]
-        self.served = {a: f"{a}-{method}-s{seed}".replace("_", "-") for a in self.agents}
-        self.trainer = MarftTrainer(MarftConfig(mode=method, seed=seed, **s.trainer), base, agents=self.agents)
+        agents = ["agent"] if single else ["planner", "solver"]
+        self.served = {a: f"{a}-{method}-s{seed}".replace("_", "-") for a in agents}
+        self.trainer = MarftTrainer(MarftConfig(mode=method, seed=seed, **s.trainer), base, agents=agents)
         if single:
             build = lambda: demo_app.build_single_agent_app(server.url, key, model=self.served["agent"],  # noqa: E731
                                                             temperature=s.temperature)
@@ -123,6 +122,7 @@ def run_demo(out: str | Path = ".marft/demo", quick: bool = False, seeds: int | 
              model_cache: str | Path | None = None) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from transformers.utils import logging as hf_logging
 
     from ..serving import AdapterRegistry, ServerProcess
     from ..store import TraceStore
@@ -134,8 +134,6 @@ def run_demo(out: str | Path = ".marft/demo", quick: bool = False, seeds: int | 
     console = Console()
     out = _fresh_dir(Path(out))
     logging.getLogger("marft_bridge.trainers").setLevel(logging.WARNING)
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()  # one progress display: ours
     started = time.perf_counter()
 
