@@ -13,24 +13,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import httpx
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # examples/_common.py
 
+from _common import print_episode, stop  # noqa: E402
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from marft_bridge.serving.process import free_port  # noqa: E402
 
 
 def start_agent(name: str, port: int, store: str, delegate: str | None = None, capture: bool = True,
@@ -58,23 +54,11 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
     raise RuntimeError(f"agent at {url} did not start within {timeout}s")
 
 
-def stop(proc: subprocess.Popen, timeout: float = 60) -> None:
-    """Stop an agent we started (by its pid); it writes its pending halves before exiting."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def coordinator_graph(researcher_url: str):
-    from a2a.types import Message, Part, Role, SendMessageRequest
-    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.messages import AIMessage
     from langgraph.graph import END, START, MessagesState, StateGraph
 
-    from agent import fake_model
+    from agent import fake_model, send_text
     from marft_bridge.adapters import a2a as cap
 
     client = None
@@ -87,12 +71,7 @@ def coordinator_graph(researcher_url: str):
         nonlocal client
         if client is None:
             client = await cap.connect(researcher_url)
-        msg = Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[Part(text=state["messages"][-1].content)])
-        reply = ""
-        async for ev in client.send_message(SendMessageRequest(message=msg)):
-            if ev.HasField("message"):
-                reply = "\n".join(p.text for p in ev.message.parts if p.HasField("text"))
-        return {"messages": [AIMessage(reply)]}
+        return {"messages": [AIMessage(await send_text(client, state["messages"][-1].content))]}
 
     async def summarize(state: MessagesState) -> dict:
         return {"messages": [await fake_model("answer: " + state["messages"][-1].content).ainvoke(state["messages"])]}
@@ -117,15 +96,6 @@ async def ask_team(store, researcher_url: str, question: str) -> tuple[str, str]
     app = mb.instrument(coordinator_graph(researcher_url), store=store)
     out = await app.ainvoke({"messages": [HumanMessage(question)]})
     return app.last_episode_id, out["messages"][-1].content
-
-
-def print_episode(ep) -> None:
-    print(f"episode {ep.id}  agents: {', '.join(ep.agents)}")
-    for a in ep.topological_order():
-        deps = ", ".join(d[:8] for d in a.depends_on) or "-"
-        text = a.output.text.replace("\n", " ")[:60]
-        err = f"  ERROR {a.error}" if a.error else ""
-        print(f"  step {a.step}  {a.id[:8]}  {a.agent:<22} {a.kind:<8} <- [{deps}]  {text!r}{err}")
 
 
 def main() -> None:

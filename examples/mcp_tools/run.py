@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +22,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # examples/_common.py
+
+from _common import print_episode, stop  # noqa: E402
+
+from marft_bridge.serving.process import free_port  # noqa: E402
 
 
 def agent_graph(client, tool_calls: list[dict], answer: str):
@@ -109,12 +113,6 @@ def main() -> None:
     print(json.dumps({"store": store_path}))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(port: int, store: str, capture: bool = True, delay_ms: float = 0.0) -> subprocess.Popen:
     cmd = [sys.executable, str(HERE / "server.py"), "--port", str(port), "--store", store, "--delay-ms", str(delay_ms)]
     return subprocess.Popen(cmd + ([] if capture else ["--no-capture"]), env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -131,25 +129,6 @@ def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 60) -> No
                 return
         time.sleep(0.1)
     raise RuntimeError(f"MCP server on port {port} did not start within {timeout}s")
-
-
-def stop(proc: subprocess.Popen, timeout: float = 60) -> None:
-    """Stop the server we started (by pid); it writes its pending halves before exiting."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def print_episode(ep) -> None:
-    print(f"episode {ep.id}  agents: {', '.join(ep.agents)}")
-    for a in ep.topological_order():
-        deps = ", ".join(d[:8] for d in a.depends_on) or "-"
-        err = f"  ERROR {a.error}" if a.error else ""
-        print(f"  step {a.step}  {a.id[:8]}  {a.agent:<10} {a.kind:<5} <- [{deps}]  {a.output.text[:50]!r}{err}")
 
 
 if __name__ == "__main__":
