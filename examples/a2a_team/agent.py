@@ -40,6 +40,27 @@ def fake_model(text: str) -> GenericFakeChatModel:
     return GenericFakeChatModel(messages=iter([AIMessage(text)]))
 
 
+def two_node_graph(first: tuple, second: tuple):
+    """A compiled ``START -> first -> second -> END`` graph of ``(name, node)`` pairs."""
+    g = StateGraph(MessagesState)
+    g.add_node(*first)
+    g.add_node(*second)
+    g.add_edge(START, first[0])
+    g.add_edge(first[0], second[0])
+    g.add_edge(second[0], END)
+    return g.compile()
+
+
+async def send_text(client, text: str) -> str:
+    """Send ``text`` to an A2A agent; returns the text of its reply message."""
+    msg = Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[Part(text=text)])
+    reply = ""
+    async for ev in client.send_message(SendMessageRequest(message=msg)):
+        if ev.HasField("message"):
+            reply = "\n".join(p.text for p in ev.message.parts if p.HasField("text"))
+    return reply
+
+
 def writer_graph():
     async def draft(state: MessagesState) -> dict:
         q = state["messages"][-1].content
@@ -49,13 +70,7 @@ def writer_graph():
         d = state["messages"][-1].content
         return {"messages": [await fake_model(d.replace("draft", "final").upper()).ainvoke(state["messages"])]}
 
-    g = StateGraph(MessagesState)
-    g.add_node("draft", draft)
-    g.add_node("polish", polish)
-    g.add_edge(START, "draft")
-    g.add_edge("draft", "polish")
-    g.add_edge("polish", END)
-    return g.compile()
+    return two_node_graph(("draft", draft), ("polish", polish))
 
 
 def researcher_graph(delegate: str):
@@ -69,20 +84,9 @@ def researcher_graph(delegate: str):
         nonlocal client
         if client is None:
             client = await cap.connect(delegate)
-        msg = Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[Part(text=state["messages"][-1].content)])
-        reply = ""
-        async for ev in client.send_message(SendMessageRequest(message=msg)):
-            if ev.HasField("message"):
-                reply = "\n".join(p.text for p in ev.message.parts if p.HasField("text"))
-        return {"messages": [AIMessage(reply)]}
+        return {"messages": [AIMessage(await send_text(client, state["messages"][-1].content))]}
 
-    g = StateGraph(MessagesState)
-    g.add_node("notes", notes)
-    g.add_node("delegate", delegate_writing)
-    g.add_edge(START, "notes")
-    g.add_edge("notes", "delegate")
-    g.add_edge("delegate", END)
-    return g.compile()
+    return two_node_graph(("notes", notes), ("delegate", delegate_writing))
 
 
 class GraphExecutor(AgentExecutor):
