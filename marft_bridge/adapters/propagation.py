@@ -204,12 +204,7 @@ def begin_call(recorder: EpisodeRecorder, agent: str | None) -> CallStep:
         with t.run.lock:
             deps = t.run.sorted_ids(t.deps | frozenset(t.actions))
         return _in_flight(CallStep(recorder, recorder.new_action_id(), t.step, deps, t))
-    # The recorder's own records, newest first: ``actions()`` would validate every action per call.
-    with recorder._lock:
-        acts = [_fields(a) for a in recorder._actions[::-1]]
-    skip = _HALF_IDS.get(recorder)
-    if skip:
-        acts = [a for a in acts if a[3] not in skip]
+    acts = recorded(recorder)[::-1]  # newest first
     llms = [a for a in acts if a[0] == "llm"]
     dep = next((a for a in llms if agent is None or a[1] == agent), llms[0] if llms else None)
     step = dep[2] if dep is not None else (max((a[2] for a in acts), default=-1) + 1)
@@ -342,18 +337,11 @@ def recorded(recorder: EpisodeRecorder) -> list[tuple[str, str, int, str, list[s
     """(kind, agent, step, id, depends_on) of each action recorded so far, without validating them
     (``actions()`` validates every action: too slow for a per-call hook), leaving out the halves
     of further callees recorded into it (they would have been written apart)."""
+    # The recorder's raw records (plain dicts): it has no public unvalidated snapshot.
     with recorder._lock:
         raw = list(recorder._actions)
-    out = [(*_fields(a), list(a["depends_on"] if isinstance(a, dict) else a.depends_on)) for a in raw]
-    skip = _HALF_IDS.get(recorder)
-    return [a for a in out if a[3] not in skip] if skip else out
-
-
-def _fields(a: Any) -> tuple[str, str, int, str]:
-    """(kind, agent, step, id) of a recorded action (a raw dict or an ``Action``)."""
-    if isinstance(a, dict):
-        return a["kind"], a["agent"], a["step"], a["id"]
-    return a.kind, a.agent, a.step, a.id
+    skip = _HALF_IDS.get(recorder) or ()
+    return [(a["kind"], a["agent"], a["step"], a["id"], list(a["depends_on"])) for a in raw if a["id"] not in skip]
 
 
 # -- the callee's side ---------------------------------------------------------------------------
