@@ -119,6 +119,12 @@ class _Reply:
     def text(self) -> str:
         return "\n".join(t for t in self.texts if t)
 
+    def failure(self) -> str | None:
+        """The error of a failed or rejected task, else None."""
+        if self.state not in _FAILED:
+            return None
+        return f"task {self.state}: {self.text}" if self.text else f"task {self.state}"
+
     def meta(self) -> dict[str, Any]:
         return {k: v for k, v in (("a2a.task_id", self.task_id), ("a2a.context_id", self.context_id),
                                   ("a2a.state", self.state)) if v}
@@ -145,8 +151,8 @@ class _Call:
         self.done = True
         with guarded("a2a.message_step", self.step.recorder):
             r = self.reply
-            if error is None and r.state in _FAILED:
-                error = f"task {r.state}: {r.text}" if r.text else f"task {r.state}"
+            if error is None:
+                error = r.failure()
             meta = {"a2a.to": self.to, "a2a.message_id": self.message_id, **r.meta(),
                     "latency_s": time.perf_counter() - self.t0}
             who = self.agent or self.step.dep_agent() or "a2a_client"
@@ -376,8 +382,8 @@ class CaptureExecutor(AgentExecutor):
 
     def _close(self, rec: Any, context: Any, reply: _Reply, error: str | None) -> None:
         with guarded("a2a.server.close", rec):
-            if error is None and reply.state in _FAILED:
-                error = f"task {reply.state}: {reply.text}" if reply.text else f"task {reply.state}"
+            if error is None:
+                error = reply.failure()
             acts = prop.recorded(rec)
             used = {d for a in acts for d in a[4]}
             # The first action (the message received) starts everything else in the half.
