@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import marft_bridge as mb
 from marft_bridge.adapters import propagation as prop
 from marft_bridge.recording import EpisodeRecorder
@@ -25,7 +27,9 @@ def test_extract_bare_traceparent_and_garbage():
     for bad in (None, {}, {"traceparent": "nonsense"}, {"traceparent": "00-" + "0" * 32 + "-0123456789abcdef-01"},
                 {prop.CALLER_KEY: "only two"}, {prop.CALLER_KEY: "a b notanumber"}, {prop.CALLER_KEY: 5}):
         assert prop.extract(bad) is None
-    assert prop.trace_id("not-hex") == prop.trace_id("not-hex") and len(prop.trace_id("not-hex")) == 32
+    # A non-hex episode id is hashed (the same id on every side of a call); a 32-hex one is kept.
+    assert prop.trace_id("not-hex") == hashlib.sha256(b"not-hex").hexdigest()[:32]
+    assert prop.trace_id("ab" * 16) == "ab" * 16
 
 
 def _caller_half(store, step=3):
