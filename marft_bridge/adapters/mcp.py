@@ -81,6 +81,12 @@ def _tool_fields(name: str, arguments: Any) -> dict[str, Any]:
     }
 
 
+def _block_text(content: Any) -> str:
+    """The text of a sampling message's content: one block or a list of them (dumped)."""
+    blocks = content if isinstance(content, list) else [content]
+    return "\n".join(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text")
+
+
 def _error(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
@@ -156,10 +162,7 @@ def instrument_client(client: Any, agent: str | None = None, store: Any = None) 
         p = _jsonable(params)
         msgs = [{"role": "system", "content": p["systemPrompt"]}] if p.get("systemPrompt") else []
         for m in p.get("messages") or []:
-            c = m.get("content")
-            blocks = c if isinstance(c, list) else [c]
-            text = "\n".join(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text")
-            msgs.append({"role": m.get("role", "user"), "content": text})
+            msgs.append({"role": m.get("role", "user"), "content": _block_text(m.get("content"))})
         fields: dict[str, Any] = {
             "observation": {"messages": msgs},
             "sampling": {"temperature": p.get("temperature"), "max_tokens": p.get("maxTokens"),
@@ -169,10 +172,7 @@ def instrument_client(client: Any, agent: str | None = None, store: Any = None) 
         }
         r = _jsonable(result)
         if isinstance(r, dict) and "content" in r:
-            c = r["content"]
-            blocks = c if isinstance(c, list) else [c]
-            fields["output"] = {"text": "\n".join(b.get("text", "") for b in blocks if isinstance(b, dict)
-                                                  and b.get("type") == "text"), "finish_reason": r.get("stopReason")}
+            fields["output"] = {"text": _block_text(r["content"]), "finish_reason": r.get("stopReason")}
             if r.get("model"):
                 fields["policy"] = {"name": str(r["model"])}
         else:
