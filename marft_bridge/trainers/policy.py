@@ -53,7 +53,6 @@ class Packed:
     rows: torch.Tensor  # (N,) batch row of each action token
     cols: torch.Tensor  # (N,) position whose hidden state predicts that token
     targets: torch.Tensor  # (N,) the action token ids
-    segment: torch.Tensor  # (N,) index of the sample each token belongs to
     last_obs: torch.Tensor  # (B,) position of each sample's last observation token
 
 
@@ -62,7 +61,7 @@ def pack(obs: list[list[int]], acts: list[list[int]], pad_id: int, device) -> Pa
     t = max(lengths)
     ids = torch.full((len(obs), t), pad_id, dtype=torch.long)
     mask = torch.zeros((len(obs), t), dtype=torch.long)
-    rows, cols, targets, segment = [], [], [], []
+    rows, cols, targets = [], [], []
     for b, (o, a) in enumerate(zip(obs, acts)):
         seq = o + a
         ids[b, : len(seq)] = torch.tensor(seq)
@@ -71,9 +70,8 @@ def pack(obs: list[list[int]], acts: list[list[int]], pad_id: int, device) -> Pa
             rows.append(b)
             cols.append(len(o) - 1 + j)
             targets.append(tok)
-            segment.append(b)
     as_t = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
-    return Packed(ids.to(device), mask.to(device), as_t(rows), as_t(cols), as_t(targets), as_t(segment),
+    return Packed(ids.to(device), mask.to(device), as_t(rows), as_t(cols), as_t(targets),
                   as_t([len(o) - 1 for o in obs]))
 
 
