@@ -69,8 +69,10 @@ def test_clipped_huber_value_loss_by_hand():
 def test_kl_k3_and_entropy_by_hand():
     assert L.kl_to_reference(t(-1.0), t(-1.5)).item() == pytest.approx(math.exp(-0.5) + 0.5 - 1, abs=1e-12)
     assert L.kl_to_reference(t(-2.0), t(-2.0)).item() == 0.0
-    uniform = torch.zeros(1, 4)
-    assert L.entropy_from_logits(uniform).item() == pytest.approx(math.log(4), abs=1e-6)
+    uniform = torch.log_softmax(torch.zeros(1, 4), -1)
+    assert L.entropy(uniform).item() == pytest.approx(math.log(4), abs=1e-6)
+    # p = (1/2, 1/4, 1/4): H = 1/2 ln 2 + 2 * 1/4 ln 4 = 1.5 ln 2
+    assert L.entropy(t(0.5, 0.25, 0.25).log()).item() == pytest.approx(1.5 * math.log(2), abs=1e-12)
 
 
 def test_normalize_zero_mean_unit_std():

@@ -50,9 +50,8 @@ def approx_kl(new_logp: torch.Tensor, prox_logp: torch.Tensor) -> torch.Tensor:
     return kl_to_reference(new_logp, prox_logp).mean()
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    # H = -sum_v p_v log p_v of the (temperature-scaled) next-token distribution.
-    logp = torch.log_softmax(logits.float(), dim=-1)
+def entropy(logp: torch.Tensor) -> torch.Tensor:
+    # H = -sum_v p_v log p_v of the next-token distribution, from its (temperature-scaled) log-probs.
     return -(logp.exp() * logp).sum(-1)
 
 

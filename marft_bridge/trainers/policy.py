@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import MarftError
+from . import losses as L
 from .config import MarftConfig
 
 CRITIC_ADAPTER = "marft_critic"
@@ -158,7 +159,7 @@ class MultiAgentPolicy:
         logits = self.lm_head(h[packed.rows, packed.cols]).float() / temperature[:, None]
         logp_all = torch.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, packed.targets[:, None]).squeeze(-1)
-        ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+        ent = L.entropy(logp_all) if with_entropy else None
         return logp, ent, h
 
     @torch.no_grad()
