@@ -324,21 +324,20 @@ def test_factor_m_in_the_update(model_dir, scope):
     prox = [a.output.logprobs[0] for e in eps for a in e.actions if a.agent == "a"]  # sampled = proximal
     m = tr.train_on(eps)
     assert m["agent_order"] == ["a", "b"]
-    new = [tr._forward("agent_a", ss, grad=False)[0] for ss in
-           [[_sample(e.actions[0])] for e in eps]]
+    # a's updated log-prob of its one token, straight from the peft model's logits (T = 1).
+    tr.policy.model.set_adapter("agent_a")
+    new = []
+    with torch.no_grad():
+        for e in eps:
+            obs, tok = e.actions[0].observation.prompt_token_ids, e.actions[0].output.token_ids[0]
+            logits = tr.policy.model(torch.tensor([obs + [tok]])).logits[0, len(obs) - 1].float()
+            new.append(float(torch.log_softmax(logits, -1)[tok]))
     if scope == "step":  # a (step 0) and b (step 1) never share a step: M only ever holds a's keys
         assert set(tr.last_factor) == {(i, 0) for i in range(8)}
-    expect = {i: math.exp(float(n[0]) - p) for i, (n, p) in enumerate(zip(new, prox))}
+    expect = {i: math.exp(n - p) for i, (n, p) in enumerate(zip(new, prox))}
     got = {k[0]: v for k, v in tr.last_factor.items()}
     assert got == pytest.approx(expect, rel=1e-4)
     assert any(abs(v - 1) > 1e-3 for v in got.values())
-
-
-def _sample(action):
-    from marft_bridge.trainers.batch import Sample
-
-    return Sample(0, "e", action.id, action.agent, action.step, action.observation.prompt_token_ids,
-                  action.output.token_ids, None, action.sampling.temperature)
 
 
 def test_shared_adapter_parameter_sharing(model_dir, tmp_path):
