@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
 
 import torch
+
+from marft_bridge.serving.process import free_port
 
 WORKER = textwrap.dedent("""
     import sys, torch
@@ -31,12 +32,6 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_gloo_processes_end_a_step_with_identical_adapters(tiny_model_dir, tmp_path):
     from marft_bridge.trainers.marft import MarftTrainer
     from marft_bridge.trainers.config import MarftConfig
@@ -49,7 +44,7 @@ def test_two_gloo_processes_end_a_step_with_identical_adapters(tiny_model_dir, t
     (tmp_path / "eps.jsonl").write_text("".join(e.model_dump_json() + "\n" for e in eps))
     (tmp_path / "worker.py").write_text(WORKER)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            str(tmp_path / "worker.py"), str(tiny_model_dir), str(tmp_path / "eps.jsonl"), str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
