@@ -297,10 +297,10 @@ class MarftTrainer:
                             acc[k].append(v)
                         kls.append(stats["approx_kl"])
                     self._step(params, self.optims[adapter], loss, m, f"policy {agent or adapter}")
-                if c.target_kl is not None and self._mean_all(kls) > c.target_kl:
-                    msg = f"agent {agent or adapter}: approx-KL {self._mean_all(kls):.4g} > target_kl {c.target_kl} after epoch {epoch + 1}; stopping its epochs"
-                    log.warning(msg)
-                    m["early_stops"].append({"agent": agent or adapter, "epoch": epoch + 1, "approx_kl": self._mean_all(kls)})
+                if c.target_kl is not None and (kl := self._mean_all(kls)) > c.target_kl:
+                    log.warning("agent %s: approx-KL %.4g > target_kl %s after epoch %d; stopping its epochs",
+                                agent or adapter, kl, c.target_kl, epoch + 1)
+                    m["early_stops"].append({"agent": agent or adapter, "epoch": epoch + 1, "approx_kl": kl})
                     break
             if agent is not None and idx and g_i + 1 < len(groups):
                 # Fold the updated agent's ratio into M for the agents after it (no gradient).
