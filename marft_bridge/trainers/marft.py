@@ -324,6 +324,7 @@ class MarftTrainer:
                         ss = [S[i] for i in mb]
                         packed = pack([s.obs_ids for s in ss], [s.act_ids for s in ss], self.policy.pad_id, self.device)
                         v = values(self.policy, self.head, packed, token_level)
+                    # c_V * E[max(huber(V - R), huber(V_old + clip(V - V_old, -eps_V, eps_V) - R))]
                     loss = c.value_coef * L.clipped_value_loss(v, cat([old_v[i] for i in mb]), cat([ret_s[i] for i in mb]),
                                                                c.value_clip, c.huber_delta)
                     acc["value_loss"].append(float(loss.detach()))
@@ -357,8 +358,8 @@ class MarftTrainer:
             adv = L.normalize(adv)
         w = L.behaviour_weights(old, b, c.behaviour_weight_cap)
         pg = L.clipped_surrogate(new, old, adv * mfac, w, c.clip)  # sequential trust region: M * A
-        kl = L.kl_to_reference(new_tok, torch.cat([ref[i] for i in mb])).mean()
-        entropy = ent.mean()
+        kl = L.kl_to_reference(new_tok, torch.cat([ref[i] for i in mb])).mean()  # k3 KL(pi || ref), per token
+        entropy = ent.mean()  # H = -sum_v p_v log p_v, per token
         loss = pg + c.kl_coef * kl - c.entropy_coef * entropy  # PPO + beta KL(pi||ref) - c_H H
         with torch.no_grad():
             ratio = torch.exp(new - old)
