@@ -70,6 +70,16 @@ def _write_jsonl(episodes: Iterator[Episode], f) -> int:
     return n
 
 
+def _pyarrow():
+    """(pyarrow, pyarrow.parquet), or one clear error when the optional dependency is missing."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise MarftError("Parquet needs pyarrow: pip install 'marft-bridge[parquet]'") from None
+    return pa, pq
+
+
 def _parquet_schema():
     import pyarrow as pa
 
@@ -147,11 +157,7 @@ def _rows(ep: Episode) -> Iterator[dict]:
 
 
 def _export_parquet(episodes: Iterator[Episode], path: Path) -> int:
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise MarftError("Parquet needs pyarrow: pip install 'marft-bridge[parquet]'") from None
+    pa, pq = _pyarrow()
     schema = _parquet_schema()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(f"{path}.partial")
@@ -209,10 +215,7 @@ def _read_jsonl(path: str | os.PathLike) -> Iterator[tuple[str, str | bytes]]:
 
 def _read_parquet(path: Path) -> Iterator[tuple[str, dict | _Broken]]:
     """Episodes rebuilt from the JSON columns, in file order (rows of one episode are contiguous)."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise MarftError("Parquet needs pyarrow: pip install 'marft-bridge[parquet]'") from None
+    _, pq = _pyarrow()
     needed = ["episode_id", "action_index", "action_json", "episode_json", "rewards_json"]
     try:
         pf = pq.ParquetFile(path)
