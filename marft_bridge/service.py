@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -63,8 +64,9 @@ class ServiceConfig(BaseModel):
     max_train_episodes: int = Field(256, ge=1)
     updates_per_round: int = Field(1, ge=1)
     poll_interval_s: float = Field(10.0, gt=0)
-    # "module:function" called as fn(adapters: dict[agent, Path | None]) -> float (higher is better);
-    # None → the mean team reward of recorded held-out episodes, reweighted by the candidate policy.
+    # "module:function" called as fn(adapters: dict[agent, Path]) -> float (higher is better);
+    # None → recorded held-out episodes: their mean team reward for the live system, the same rewards
+    # reweighted by importance sampling (weighted IS) for the candidate.
     eval_function: str | None = None
     heldout_fraction: float = Field(0.2, ge=0, lt=1)  # recorded episodes kept out of training for evaluation
     gate_margin: float = Field(0.0, ge=0)
@@ -235,9 +237,8 @@ class ContinuousService:
         shutil.rmtree(candidate, ignore_errors=True)
         trainer.save_adapters(candidate / "adapters")
         trainer.save_checkpoint(candidate / "checkpoint")
-        new_score = self.evaluate({a: candidate / "adapters" / a for a in cfg.agents})
-        live = {a: self.registry.path(a) for a in cfg.agents}
-        live_score = self.evaluate(live)
+        new_score = self.evaluate({a: candidate / "adapters" / a for a in cfg.agents}, candidate=True)
+        live_score = self.evaluate({a: self.registry.path(a) for a in cfg.agents}, candidate=False)
         self.state.pending = []
         summary = {"candidate_score": new_score, "live_score": live_score, "episodes": len(ids),
                    "reward_mean": metrics.get("reward_mean")}
@@ -288,18 +289,27 @@ class ContinuousService:
         else:  # nothing accepted yet: start again from fresh adapters
             self._trainer = None
 
-    def evaluate(self, adapters: dict[str, Path | None]) -> float:
+    def evaluate(self, adapters: dict[str, Path], candidate: bool) -> float:
         if self.eval_fn is not None:
             return float(self.eval_fn(adapters))
-        return self._recorded_score()
+        return self._recorded_score(candidate)
 
-    def _recorded_score(self) -> float:
-        """Mean team reward of the held-out recorded episodes (no user function given)."""
-        rewards = [r for r in (self.store.get_episode(i).team_reward() for i in self.state.heldout) if r is not None]
-        if not rewards:
+    def _recorded_score(self, candidate: bool) -> float:
+        """Held-out recorded episodes (served by the live versions): their mean team reward estimates
+        the live system; the candidate (the trainer's adapters now) is estimated off-policy by
+        weighted importance sampling, w = exp(sum log pi_candidate - sum behaviour log-prob)."""
+        episodes = [ep for ep in (self.store.get_episode(i) for i in self.state.heldout) if ep.team_reward() is not None]
+        if not episodes:
             raise MarftError("no evaluation function and no held-out recorded episodes yet; set eval_function "
                              "or heldout_fraction > 0")
-        return sum(rewards) / len(rewards)
+        rewards = [ep.team_reward() for ep in episodes]
+        if not candidate:
+            return sum(rewards) / len(rewards)
+        logw = self.trainer.log_importance_weights(episodes)
+        lw = [logw.get(ep.id, 0.0) for ep in episodes]
+        top = max(lw)  # normalise before exp: the weights' ratios are what matter
+        w = [math.exp(x - top) for x in lw]
+        return sum(wi * r for wi, r in zip(w, rewards)) / sum(w)
 
     def _check_regression(self) -> dict | None:
         """Compare live rewards of episodes served by the promoted versions with the previous ones."""

@@ -175,3 +175,49 @@ def test_service_cli_status_and_config_errors(tmp_path, tiny_model_dir):
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [f"marft: error: config {bad}: min_new_episodes: "
                                              "Input should be greater than or equal to 1"]
+
+
+def _behaviour_episode(eid: str, text: str, reward: float, base_dir) -> Episode:
+    """An episode whose action carries the base model's (= the v1 adapters') token ids and log-probs."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    model = AutoModelForCausalLM.from_pretrained(base_dir)
+    prompt = tok.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True)["input_ids"]
+    target = tok(text)["input_ids"] + [tok.eos_token_id]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + target])).logits[0, len(prompt) - 1 : -1].float()
+    logps = logits.log_softmax(-1).gather(-1, torch.tensor(target)[:, None])[:, 0].tolist()
+    act = Action(agent="picker", observation=Observation(messages=[Message(**m) for m in PROMPT], prompt_token_ids=prompt),
+                 output=Output(text=text, token_ids=target, logprobs=logps, finish_reason="stop"),
+                 policy=Policy(name="picker", version=1))
+    return Episode(id=eid, source="test", actions=[act], rewards=[Reward(value=reward, source="checker")])
+
+
+@pytest.mark.parametrize("heldout_agrees", [True, False])
+def test_recorded_heldout_episodes_gate_the_candidate(tmp_path, tiny_model_dir, heldout_agrees):
+    """Without an evaluation function the gate replays held-out recorded episodes under the candidate
+    (weighted importance sampling): it promotes when they reward what training rewarded, and refuses
+    when they reward the opposite."""
+    from marft_bridge.service import heldout
+
+    cfg = _config(tmp_path, tiny_model_dir).model_copy(update={"heldout_fraction": 0.5})
+    store = TraceStore.open(cfg.store)
+    counts = {True: 0, False: 0}
+    for i in range(200):
+        eid = f"ep{i}"
+        held = heldout(eid, 0.5)
+        if counts[held] >= 12:
+            continue
+        text = "a" if counts[held] % 2 == 0 else "b"
+        counts[held] += 1
+        good = text == "a" if (not held or heldout_agrees) else text == "b"
+        store.add_episode(_behaviour_episode(eid, text, float(good), tiny_model_dir))
+    assert counts == {True: 12, False: 12}
+    svc = ContinuousService(cfg)
+    row = svc.step()
+    assert row["live_score"] == 0.5  # half the held-out episodes earned 1
+    if heldout_agrees:
+        assert row["decision"] == "promote" and row["candidate_score"] > 0.5
+    else:
+        assert row["decision"] == "refuse" and row["candidate_score"] < 0.5

@@ -115,6 +115,25 @@ class MarftTrainer:
                 self.save_checkpoint(self.out_dir / "checkpoint")
         return metrics
 
+    @torch.no_grad()
+    def log_importance_weights(self, episodes) -> dict[str, float]:
+        """Per episode id: sum over its trainable actions of log pi_current(y|o) - behaviour log-prob,
+        the log weight of replaying that recorded episode under the current adapters (off-policy
+        evaluation). Actions recorded without behaviour log-probs count as on-policy (0)."""
+        p = self.policy
+        batch = build_batch(list(episodes), p.tokenizer, set(p.agents), p.vocab_size, p.max_context,
+                            self.config.default_temperature)
+        out: dict[str, float] = {}
+        for agent in {s.agent for s in batch.samples}:
+            ss = [s for s in batch.samples if s.agent == agent]
+            for k in range(0, len(ss), self.config.forward_batch_size):
+                chunk = ss[k:k + self.config.forward_batch_size]
+                logp, _, _, _ = self._forward(p.adapter_of[agent], chunk, grad=False)
+                for s, lp in zip(chunk, logp.split([len(s.act_ids) for s in chunk])):
+                    w = 0.0 if s.beh_logp is None else lp.sum().item() - sum(s.beh_logp)
+                    out[s.episode_id] = out.get(s.episode_id, 0.0) + w
+        return out
+
     def train(self, env_fn, iterations: int, episodes_per_iteration: int | None = None, progress: bool = False):
         """On-policy MARFT: each iteration rolls out fresh episodes with the current adapters, then updates."""
         n = episodes_per_iteration or self.config.batch_episodes
