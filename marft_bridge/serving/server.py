@@ -171,6 +171,19 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
         n_prompt, n_out = len(res.prompt_ids), len(res.token_ids)
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
 
+    def envelope(kind: str, cid: str, created: int, body: _Sampling, choices: list, adapter, **extra) -> dict:
+        """The fields every response and stream chunk carries, ours (adapter, logprobs_mode) included."""
+        return {"id": cid, "object": kind, "created": created, "model": body.model, "choices": choices, **extra,
+                "adapter": adapter, "logprobs_mode": LOGPROBS_MODE}
+
+    def whole(kind: str, cid: str, created: int, body: _Sampling, choice: dict, adapter, res) -> dict:
+        """A non-streamed response; ``return_token_ids`` adds the reply's and the prompt's ids, as vLLM does."""
+        out = envelope(kind, cid, created, body, [choice], adapter, usage=usage(res))
+        if body.return_token_ids:
+            choice["token_ids"] = res.token_ids
+            out["prompt_token_ids"] = res.prompt_ids
+        return out
+
     def sse(obj) -> str:
         return f"data: {json.dumps(obj)}\n\n"
 
@@ -214,12 +227,7 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
             if body.logprobs
             else None,
         }
-        out = {"id": cid, "object": "chat.completion", "created": created, "model": body.model, "choices": [choice],
-               "usage": usage(res), "adapter": adapter, "logprobs_mode": LOGPROBS_MODE}
-        if body.return_token_ids:
-            choice["token_ids"] = res.token_ids
-            out["prompt_token_ids"] = res.prompt_ids
-        return out
+        return whole("chat.completion", cid, created, body, choice, adapter, res)
 
     async def chat_stream(events, req, body: ChatRequest, cid: str, created: int):
         adapter = None
@@ -228,8 +236,7 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
             choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
             if token_ids is not None:
                 choice["token_ids"] = token_ids
-            return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": body.model,
-                    "choices": [choice], "adapter": adapter, "logprobs_mode": LOGPROBS_MODE}
+            return envelope("chat.completion.chunk", cid, created, body, [choice], adapter)
 
         try:
             while True:
@@ -247,8 +254,7 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
                 else:
                     yield sse(chunk({}, finish=payload.finish_reason))
                     if (body.stream_options or {}).get("include_usage"):
-                        yield sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": body.model,
-                                   "choices": [], "usage": usage(payload), "adapter": adapter, "logprobs_mode": LOGPROBS_MODE})
+                        yield sse(envelope("chat.completion.chunk", cid, created, body, [], adapter, usage=usage(payload)))
                     break
         except APIError as e:
             yield sse(_error_body(e))
@@ -302,8 +308,7 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
                                 choice["token_ids"] = [payload.token_id]
                         elif kind == "done":
                             choice["finish_reason"] = payload.finish_reason
-                        out = {"id": cid, "object": "text_completion", "created": created, "model": body.model,
-                               "choices": [choice], "adapter": adapter, "logprobs_mode": LOGPROBS_MODE}
+                        out = envelope("text_completion", cid, created, body, [choice], adapter)
                         if kind == "start":  # vLLM sends the prompt's token ids once, first
                             out["prompt_token_ids"] = req.prompt_ids
                         yield sse(out)
@@ -317,12 +322,7 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
         adapter, res = await run(req)
         choice = {"index": 0, "text": res.text, "finish_reason": res.finish_reason,
                   "logprobs": legacy_logprobs(res.token_ids, res.logprobs, res.top_logprobs) if body.logprobs is not None else None}
-        out = {"id": cid, "object": "text_completion", "created": created, "model": body.model, "choices": [choice],
-               "usage": usage(res), "adapter": adapter, "logprobs_mode": LOGPROBS_MODE}
-        if body.return_token_ids:
-            choice["token_ids"] = res.token_ids
-            out["prompt_token_ids"] = res.prompt_ids
-        return out
+        return whole("text_completion", cid, created, body, choice, adapter, res)
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: Request):
