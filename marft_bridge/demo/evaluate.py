@@ -75,6 +75,16 @@ def generate(
     return replies
 
 
+def _per_row(adapter: str | None, n: int) -> list[str] | None:
+    return None if adapter is None else [adapter] * n
+
+
+def _result(problems: list[task.Problem], samples: list[Sample], plans: list[str]) -> EvalResult:
+    n = len(samples)
+    plan_ok = [task.plan_order(p.question, plan) == p.correct_order for p, plan in zip(problems, plans)]
+    return EvalResult(accuracy=sum(s.reward for s in samples) / n, n=n, plan_accuracy=sum(plan_ok) / n, samples=samples)
+
+
 def evaluate_two_agent(
     model,
     tokenizer,
@@ -89,31 +99,13 @@ def evaluate_two_agent(
     """Planner then solver on every problem; accuracy is the mean checker reward."""
     questions = [p.question for p in problems]
     n = len(questions)
-    plans = generate(
-        model,
-        tokenizer,
-        [task.planner_messages(q) for q in questions],
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
-        seed=seed,
-        adapter_names=None if planner_adapter is None else [planner_adapter] * n,
-    )
-    answers = generate(
-        model,
-        tokenizer,
-        [task.solver_messages(q, plan) for q, plan in zip(questions, plans)],
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
-        seed=seed + 1,
-        adapter_names=None if solver_adapter is None else [solver_adapter] * n,
-    )
+    sampling = dict(temperature=temperature, max_new_tokens=max_new_tokens)
+    plans = generate(model, tokenizer, [task.planner_messages(q) for q in questions], seed=seed,
+                     adapter_names=_per_row(planner_adapter, n), **sampling)
+    answers = generate(model, tokenizer, [task.solver_messages(q, plan) for q, plan in zip(questions, plans)],
+                       seed=seed + 1, adapter_names=_per_row(solver_adapter, n), **sampling)
     samples = [Sample(q, plan, a, task.reward(q, a)) for q, plan, a in zip(questions, plans, answers)]
-    return EvalResult(
-        accuracy=sum(s.reward for s in samples) / n,
-        n=n,
-        plan_accuracy=sum(task.plan_order(p.question, s.plan) == p.correct_order for p, s in zip(problems, samples)) / n,
-        samples=samples,
-    )
+    return _result(problems, samples, plans)
 
 
 def evaluate_single_agent(
@@ -126,18 +118,9 @@ def evaluate_single_agent(
     max_new_tokens: int = 48,
     adapter: str | None = None,
 ) -> EvalResult:
-    """One agent plans and solves in one reply; same checker."""
+    """One agent plans and solves in one reply (its plan is the reply's first line); same checker."""
     questions = [p.question for p in problems]
-    n = len(questions)
-    answers = generate(
-        model,
-        tokenizer,
-        [task.single_agent_messages(q) for q in questions],
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
-        seed=seed,
-        adapter_names=None if adapter is None else [adapter] * n,
-    )
+    answers = generate(model, tokenizer, [task.single_agent_messages(q) for q in questions], temperature=temperature,
+                       max_new_tokens=max_new_tokens, seed=seed, adapter_names=_per_row(adapter, len(questions)))
     samples = [Sample(q, None, a, task.reward(q, a)) for q, a in zip(questions, answers)]
-    plan_ok = [task.plan_order(p.question, s.answer.split("\n")[0]) == p.correct_order for p, s in zip(problems, samples)]
-    return EvalResult(accuracy=sum(s.reward for s in samples) / n, n=n, plan_accuracy=sum(plan_ok) / n, samples=samples)
+    return _result(problems, samples, [a.split("\n")[0] for a in answers])
