@@ -51,9 +51,8 @@ def test_every_question_needs_the_right_plan():
         a, op1, b, op2, c = p.operands
         assert sorted([op1, op2]) in (["*", "+"], ["*", "-"])
         assert max(a, b, c) <= task.MAX_OPERAND
-        right, wrong = (task.steps(p.question, o)[1][3] for o in ("left", "right")) if p.correct_order == "left" else (
-            task.steps(p.question, o)[1][3] for o in ("right", "left")
-        )
+        other = "right" if p.correct_order == "left" else "left"
+        right, wrong = (task.steps(p.question, o)[1][3] for o in (p.correct_order, other))
         assert right == p.answer == eval(p.question)  # noqa: S307 - digits and operators only
         assert wrong != p.answer
         for order in ("left", "right"):
@@ -222,7 +221,8 @@ def test_app_runs_planner_then_solver_through_chat_openai(fake_server):
 
     url, requests = fake_server
     app = build_app(url, api_key="k1", temperature=0.5, max_tokens=24)
-    assert set(app.get_graph().nodes) == {"__start__", "planner", "solver", "__end__"}
+    edges = {(e.source, e.target) for e in app.get_graph().edges}
+    assert edges == {("__start__", "planner"), ("planner", "solver"), ("solver", "__end__")}
     state = app.invoke({"question": "4+5*3"})
     assert state == {"question": "4+5*3", "plan": "4+(5*3)", "answer": "5*3=15,4+15=19"}
     assert task.reward(state["question"], state["answer"]) == 1.0
@@ -254,7 +254,7 @@ def test_single_agent_app_does_the_whole_task_in_one_call(fake_server):
 
     url, requests = fake_server
     app = build_single_agent_app(url, model="single")
-    assert set(app.get_graph().nodes) == {"__start__", "agent", "__end__"}
+    assert {(e.source, e.target) for e in app.get_graph().edges} == {("__start__", "agent"), ("agent", "__end__")}
     state = app.invoke({"question": "4+5*3"})
     assert state == {"question": "4+5*3", "plan": "4+(5*3)", "answer": "4+(5*3)\n5*3=15,4+15=19"}
     assert task.reward("4+5*3", state["answer"]) == 1.0

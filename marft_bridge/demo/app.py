@@ -60,7 +60,6 @@ def build_app(
     """The compiled planner → solver graph. Invoke with ``{"question": "4+5*3"}``; the final state
     holds ``question``, ``plan`` and ``answer``."""
     from langchain_core.runnables import RunnableConfig
-    from langgraph.graph import END, START, StateGraph
 
     planner = chat_model(base_url, planner_model, api_key=api_key, temperature=temperature, max_tokens=max_tokens, timeout=timeout)
     solver = chat_model(base_url, solver_model, api_key=api_key, temperature=temperature, max_tokens=max_tokens, timeout=timeout)
@@ -73,13 +72,7 @@ def build_app(
         reply = solver.invoke(task.solver_messages(state["question"], state["plan"]), config)
         return {"answer": reply.content}
 
-    graph = StateGraph(DemoState)
-    graph.add_node("planner", plan)
-    graph.add_node("solver", solve)
-    graph.add_edge(START, "planner")
-    graph.add_edge("planner", "solver")
-    graph.add_edge("solver", END)
-    return graph.compile(name="planner_solver")
+    return _chain("planner_solver", [("planner", plan), ("solver", solve)])
 
 
 def build_single_agent_app(
@@ -93,7 +86,6 @@ def build_single_agent_app(
     """The single-agent baseline: one node ``"agent"`` plans and computes in one reply (same state
     keys, same checker)."""
     from langchain_core.runnables import RunnableConfig
-    from langgraph.graph import END, START, StateGraph
 
     agent = chat_model(base_url, model, api_key=api_key, temperature=temperature, max_tokens=max_tokens, timeout=timeout)
 
@@ -101,8 +93,18 @@ def build_single_agent_app(
         reply = agent.invoke(task.single_agent_messages(state["question"]), config)
         return {"plan": reply.content.split("\n", 1)[0], "answer": reply.content}
 
+    return _chain("single_agent", [("agent", act)])
+
+
+def _chain(name: str, nodes: list[tuple[str, object]]):
+    """A compiled graph running ``nodes`` one after the other, START to END."""
+    from langgraph.graph import END, START, StateGraph
+
     graph = StateGraph(DemoState)
-    graph.add_node("agent", act)
-    graph.add_edge(START, "agent")
-    graph.add_edge("agent", END)
-    return graph.compile(name="single_agent")
+    previous = START
+    for node, fn in nodes:
+        graph.add_node(node, fn)
+        graph.add_edge(previous, node)
+        previous = node
+    graph.add_edge(previous, END)
+    return graph.compile(name=name)
