@@ -334,6 +334,9 @@ def test_closed_store_refuses_work_but_submit_never_raises(store_url):
     s.close()
     with pytest.raises(MarftError, match="is closed"):
         s.add_episode(make_episode(0))
+    for read in (lambda: s.has_episode("x"), lambda: s.action_ids("x"), lambda: s.episode_rows()):
+        with pytest.raises(MarftError, match="is closed"):
+            read()
     s.submit(make_episode(0))  # capture hooks call this; it must not raise into the app
     assert s.dropped == 1
 

@@ -465,11 +465,13 @@ class TraceStore:
         return found[0]
 
     def has_episode(self, episode_id: str) -> bool:
+        self._check_open()
         with self._reader.connect() as conn:
             return conn.execute(sa.select(t.episodes.c.id).where(t.episodes.c.id == episode_id)).first() is not None
 
     def action_ids(self, episode_id: str) -> set[str]:
         """Ids of the actions stored for an episode (empty when it is not stored), without loading it."""
+        self._check_open()
         with self._reader.connect() as conn:
             rows = conn.execute(sa.select(t.actions.c.id).where(t.actions.c.episode_id == episode_id))
             return {r[0] for r in rows}
@@ -497,6 +499,7 @@ class TraceStore:
 
     def episode_rows(self, **filters: Any) -> list[dict]:
         """Summary rows (id, source, status, times, counts, agents) without loading the episodes."""
+        self._check_open()
         limit = filters.pop("limit", None)
         newest_first = filters.pop("newest_first", False)
         e = t.episodes.c
