@@ -22,7 +22,7 @@ def sequence_logprobs(model, tokenizer, conversations, replies):
     import torch
 
     encoded = warmstart.encode_examples(tokenizer, list(zip(conversations, replies)))
-    input_ids, attention, labels = warmstart._batch(encoded, tokenizer.pad_token_id)
+    input_ids, attention, labels = warmstart.pad_examples(encoded, tokenizer.pad_token_id)
     logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()
     target = labels[:, 1:]
     mask = target != -100

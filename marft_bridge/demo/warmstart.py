@@ -128,7 +128,9 @@ def encode_examples(tokenizer, examples: list[tuple[list[dict[str, str]], str]])
 # -- training -----------------------------------------------------------------------------------------
 
 
-def _batch(encoded, pad_id: int):
+def pad_examples(encoded, pad_id: int):
+    """``encode_examples`` rows right-padded into ``(input_ids, attention_mask, labels)``; labels are
+    -100 outside the reply, so the loss counts only reply tokens."""
     import torch
 
     width = max(len(ids) for ids, _ in encoded)
@@ -171,7 +173,7 @@ def train_sft(model, tokenizer, config: WarmStartConfig, progress: ProgressFn | 
     recent: list[float] = []
     for step in range(config.steps):
         chunk = encoded[step * config.batch_size : (step + 1) * config.batch_size]
-        input_ids, attention, labels = _batch(chunk, tokenizer.pad_token_id)
+        input_ids, attention, labels = pad_examples(chunk, tokenizer.pad_token_id)
         loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
