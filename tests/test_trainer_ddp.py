@@ -27,7 +27,9 @@ WORKER = textwrap.dedent("""
     tr.save_adapters(f"{out}/init{tr.rank}")
     m = tr.train_on(read_jsonl(episodes)[0])
     tr.save_adapters(f"{out}/rank{tr.rank}")
-    print("rank", tr.rank, "samples", m["samples"], "order", m["agent_order"], flush=True)
+    # one file per rank: two processes printing to one pipe can interleave mid-line
+    with open(f"{out}/summary{tr.rank}.txt", "w") as fh:
+        fh.write(f"samples {m['samples']} order {m['agent_order']}")
     dist.destroy_process_group()
 """)
 
@@ -55,7 +57,8 @@ def test_two_gloo_processes_end_a_step_with_identical_adapters(tiny_model_dir, t
         os.killpg(proc.pid, signal.SIGKILL)  # only the process group this test started
         out, _ = proc.communicate()
     assert proc.returncode == 0, out[-3000:]
-    assert "rank 0 samples 16" in out and "rank 1 samples 14" in out
+    assert (tmp_path / "summary0.txt").read_text().startswith("samples 16 order ")
+    assert (tmp_path / "summary1.txt").read_text().startswith("samples 14 order ")
     f = "adapter_model.safetensors"
     for agent in ("a", "b"):
         r0 = (tmp_path / "rank0" / agent / f).read_bytes()
