@@ -77,3 +77,14 @@ def store(store_url):
     s = TraceStore.open(store_url)
     yield s
     s.close()
+
+
+@pytest.fixture
+def sqlite_store(tmp_path):
+    """An open SQLite TraceStore, closed after the test: for capture tests, which test what is
+    recorded, not the backend (``store`` runs the store's own tests on each backend)."""
+    from marft_bridge.store import TraceStore
+
+    s = TraceStore.open(tmp_path / "traces.db")
+    yield s
+    s.close()

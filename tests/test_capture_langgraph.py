@@ -16,14 +16,6 @@ from langgraph.types import Send
 
 import marft_bridge as mb
 from marft_bridge import recording
-from marft_bridge.store import TraceStore
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = TraceStore.open(tmp_path / "traces.db")
-    yield s
-    s.close()
 
 
 def fake(*responses: str) -> FakeListChatModel:
@@ -84,12 +76,12 @@ def chain_app():
     return g.compile()
 
 
-def test_chain_exact_edges_and_unchanged_output(store):
+def test_chain_exact_edges_and_unchanged_output(sqlite_store):
     plain = chain_app().invoke({"question": "2+2?"})
-    app = mb.instrument(chain_app(), store=store)
+    app = mb.instrument(chain_app(), store=sqlite_store)
     out = app.invoke({"question": "2+2?"})
     assert out == plain
-    ep = stored(store, app)
+    ep = stored(sqlite_store, app)
     assert ep.source == "langgraph" and ep.task == {"question": "2+2?"} and ep.agents == ["planner", "coder", "reviewer"]
     assert edges(ep) == {
         "planner@1": ("llm", []),
@@ -136,11 +128,11 @@ def supervisor_app():
     return g.compile()
 
 
-def test_supervisor_router_with_loop(store):
-    app = mb.instrument(supervisor_app(), store=store)
+def test_supervisor_router_with_loop(sqlite_store):
+    app = mb.instrument(supervisor_app(), store=sqlite_store)
     out = app.invoke({"messages": [HumanMessage("task")]})
     assert [m.content for m in out["messages"]] == ["task", "found it", "wrote it"] and out["next"] == "FINISH"
-    ep = stored(store, app)
+    ep = stored(sqlite_store, app)
     assert edges(ep) == {
         "supervisor@1": ("llm", []),
         "researcher@2": ("llm", ["supervisor@1"]),
@@ -190,10 +182,10 @@ def fan_app():
     return g.compile()
 
 
-def test_parallel_fan_out_fan_in_with_env_step(store):
-    app = mb.instrument(fan_app(), store=store)
+def test_parallel_fan_out_fan_in_with_env_step(sqlite_store):
+    app = mb.instrument(fan_app(), store=sqlite_store)
     assert app.invoke({"topic": "x"}) == {"topic": "X", "b_out": "b says", "c_out": "c says", "final": "joined"}
-    ep = stored(store, app)
+    ep = stored(sqlite_store, app)
     assert edges(ep) == {
         "split@1": ("env", []),
         "b@2": ("llm", ["split@1"]),
@@ -235,11 +227,11 @@ def send_app():
     return g.compile()
 
 
-def test_send_api_fan_out(store):
-    app = mb.instrument(send_app(), store=store)
+def test_send_api_fan_out(sqlite_store):
+    app = mb.instrument(send_app(), store=sqlite_store)
     out = app.invoke({"items": []})
     assert sorted(out["results"]) == ["rp", "rq"] and out["summary"] == "summary"
-    ep = stored(store, app)
+    ep = stored(sqlite_store, app)
 
     def key(a):
         return f"{a.agent}:{a.observation.messages[0].content}"
@@ -289,10 +281,10 @@ def subgraph_app():
     return g.compile()
 
 
-def test_subgraph_agents_named_by_path(store):
-    app = mb.instrument(subgraph_app(), store=store)
+def test_subgraph_agents_named_by_path(sqlite_store):
+    app = mb.instrument(subgraph_app(), store=sqlite_store)
     assert app.invoke({"q": "?"})["final"] == "final"
-    ep = stored(store, app)
+    ep = stored(sqlite_store, app)
     assert ep.agents == ["planner", "team/researcher", "team/writer", "editor"]
     assert edges(ep) == {
         "planner@1": ("llm", []),
@@ -303,7 +295,7 @@ def test_subgraph_agents_named_by_path(store):
     assert ep.actions[1].metadata["langgraph_steps"] == [2, 1] and ep.actions[2].metadata["langgraph_steps"] == [2, 2]
 
 
-def test_several_calls_in_one_node_and_agent_name_metadata(store):
+def test_several_calls_in_one_node_and_agent_name_metadata(sqlite_store):
     first, second, critic = fake("draft 1"), fake("draft 2"), fake("ok")
 
     class S(TypedDict, total=False):
@@ -321,9 +313,9 @@ def test_several_calls_in_one_node_and_agent_name_metadata(store):
     g.add_edge(START, "think")
     g.add_edge("think", "check")
     g.add_edge("check", END)
-    app = mb.instrument(g.compile(), store=store)
+    app = mb.instrument(g.compile(), store=sqlite_store)
     app.invoke({"q": "?"})
-    ep = stored(store, app)
+    ep = stored(sqlite_store, app)
     key = lambda a: f"{a.agent}:{a.output.text}"  # noqa: E731
     assert edges(ep, key) == {
         "solver:draft 1": ("llm", []),
@@ -354,48 +346,48 @@ def async_chain_app():
     return g.compile()
 
 
-def test_async_invoke_and_astream(store):
-    app = mb.instrument(async_chain_app(), store=store)
+def test_async_invoke_and_astream(sqlite_store):
+    app = mb.instrument(async_chain_app(), store=sqlite_store)
     plain_chunks = asyncio.run(_collect(async_chain_app().astream({"question": "q"})))
 
     out = asyncio.run(app.ainvoke({"question": "q"}))
     assert out == {"question": "q", "plan": "plan", "code": "code"}
     first = app.last_episode_id
-    assert edges(stored(store, first)) == {"planner@1": ("llm", []), "coder@2": ("llm", ["planner@1"])}
+    assert edges(stored(sqlite_store, first)) == {"planner@1": ("llm", []), "coder@2": ("llm", ["planner@1"])}
 
     chunks = asyncio.run(_collect(app.astream({"question": "q"})))
     assert chunks == plain_chunks
     assert app.last_episode_id != first
-    assert edges(stored(store, app)) == {"planner@1": ("llm", []), "coder@2": ("llm", ["planner@1"])}
+    assert edges(stored(sqlite_store, app)) == {"planner@1": ("llm", []), "coder@2": ("llm", ["planner@1"])}
 
 
 async def _collect(agen):
     return [c async for c in agen]
 
 
-def test_stream_and_batch(store):
-    app = mb.instrument(chain_app(), store=store)
+def test_stream_and_batch(sqlite_store):
+    app = mb.instrument(chain_app(), store=sqlite_store)
     plain = list(chain_app().stream({"question": "q"}, stream_mode="updates"))
     assert list(app.stream({"question": "q"}, stream_mode="updates")) == plain
-    assert edges(stored(store, app))["reviewer@3"] == ("llm", ["coder@2"])
+    assert edges(stored(sqlite_store, app))["reviewer@3"] == ("llm", ["coder@2"])
 
-    before = store.count()
+    before = sqlite_store.count()
     outs = app.batch([{"question": "a"}, {"question": "b"}, {"question": "c"}])
     assert [o["question"] for o in outs] == ["a", "b", "c"]
-    store.flush()
-    assert store.count() == before + 3
-    tasks = sorted(e.task["question"] for e in store.episodes() if e.task and e.task.get("question") in "abc")
+    sqlite_store.flush()
+    assert sqlite_store.count() == before + 3
+    tasks = sorted(e.task["question"] for e in sqlite_store.episodes() if e.task and e.task.get("question") in "abc")
     assert tasks == ["a", "b", "c"]
 
 
-def test_eight_threads_eight_separate_episodes(store):
-    app = mb.instrument(chain_app(), store=store)
+def test_eight_threads_eight_separate_episodes(sqlite_store):
+    app = mb.instrument(chain_app(), store=sqlite_store)
     ids: dict[int, str] = {}
     errors: list[BaseException] = []
 
     def run(i):
         try:
-            with mb.episode(store=store, task={"i": i}) as ep:
+            with mb.episode(store=sqlite_store, task={"i": i}) as ep:
                 app.invoke({"question": f"q{i}"})
             ids[i] = ep.id
         except BaseException as e:  # noqa: BLE001
@@ -408,15 +400,15 @@ def test_eight_threads_eight_separate_episodes(store):
         t.join()
     assert not errors and len(set(ids.values())) == 8
     for i, eid in ids.items():
-        ep = stored(store, eid)
+        ep = stored(sqlite_store, eid)
         assert ep.task == {"i": i}
         assert edges(ep) == {"planner@1": ("llm", []), "coder@2": ("llm", ["planner@1"]),
                              "reviewer@3": ("llm", ["coder@2"])}
         assert ep.actions[0].observation.messages[0].content == f"q{i}"
 
 
-def test_plain_threads_without_episode_each_get_their_own(store):
-    app = mb.instrument(chain_app(), store=store)
+def test_plain_threads_without_episode_each_get_their_own(sqlite_store):
+    app = mb.instrument(chain_app(), store=sqlite_store)
     seen: list[tuple[str, str]] = []
     lock = threading.Lock()
 
@@ -428,8 +420,8 @@ def test_plain_threads_without_episode_each_get_their_own(store):
         t.start()
     for t in threads:
         t.join()
-    store.flush()
-    eps = [e for e in store.episodes() if e.source == "langgraph"]
+    sqlite_store.flush()
+    eps = [e for e in sqlite_store.episodes() if e.source == "langgraph"]
     with lock:
         seen = sorted((e.task["question"], e.actions[0].observation.messages[0].content) for e in eps)
     assert seen == [(f"q{i}", f"q{i}") for i in range(8)]
@@ -439,65 +431,67 @@ def test_plain_threads_without_episode_each_get_their_own(store):
 # -- episodes, rewards, capture() ----------------------------------------------------------------
 
 
-def test_episode_groups_runs_and_rewards(store):
-    app = mb.instrument(chain_app(), store=store, reward_fn=lambda inp, out: float(out["review"] == "looks right"))
-    with mb.episode(store=store, task={"q": "two runs"}) as ep:
+def test_episode_groups_runs_and_rewards(sqlite_store):
+    app = mb.instrument(chain_app(), store=sqlite_store,
+                        reward_fn=lambda inp, out: float(out["review"] == "looks right"))
+    with mb.episode(store=sqlite_store, task={"q": "two runs"}) as ep:
         app.invoke({"question": "first"})
         app.invoke({"question": "second"})
         ep.reward(0.5, agent="coder", source="judge")
     assert app.last_episode_id == ep.id
-    got = stored(store, ep.id)
+    got = stored(sqlite_store, ep.id)
     assert got.task == {"q": "two runs"}
     assert [(a.agent, a.step) for a in got.actions] == [
         ("planner", 1), ("coder", 2), ("reviewer", 3), ("planner", 4), ("coder", 5), ("reviewer", 6)]
     assert got.actions[4].depends_on == [got.actions[3].id]
     assert [(r.value, r.agent, r.source) for r in got.rewards] == [
         (1.0, None, "reward_fn"), (1.0, None, "reward_fn"), (0.5, "coder", "judge")]
-    store.add_reward(got.id, -1.0, source="user")
-    assert stored(store, got.id).rewards[-1].value == -1.0
+    sqlite_store.add_reward(got.id, -1.0, source="user")
+    assert stored(sqlite_store, got.id).rewards[-1].value == -1.0
 
 
-def test_capture_context_records_apps_built_elsewhere(store):
+def test_capture_context_records_apps_built_elsewhere(sqlite_store):
     app = chain_app()
-    with mb.capture(store=store) as cap:
+    with mb.capture(store=sqlite_store) as cap:
         app.invoke({"question": "one"})
         app.invoke({"question": "two"})
     app.invoke({"question": "outside"})  # not captured
     assert len(cap.episode_ids) == 2
     for eid, q in zip(cap.episode_ids, ("one", "two")):
-        ep = stored(store, eid)
+        ep = stored(sqlite_store, eid)
         assert ep.task == {"question": q}
         assert edges(ep)["reviewer@3"] == ("llm", ["coder@2"])
-    store.flush()
-    assert store.count() == 2
+    sqlite_store.flush()
+    assert sqlite_store.count() == 2
 
 
-def test_capture_context_async(store):
+def test_capture_context_async(sqlite_store):
     async def main():
-        async with mb.capture(store=store) as cap:
+        async with mb.capture(store=sqlite_store) as cap:
             await async_chain_app().ainvoke({"question": "q"})
         return cap
 
     cap = asyncio.run(main())
-    assert edges(stored(store, cap.episode_ids[0])) == {"planner@1": ("llm", []), "coder@2": ("llm", ["planner@1"])}
+    assert edges(stored(sqlite_store, cap.episode_ids[0])) == {
+        "planner@1": ("llm", []), "coder@2": ("llm", ["planner@1"])}
 
 
-def test_uninstrument_restores(store):
+def test_uninstrument_restores(sqlite_store):
     app = chain_app()
     original = app.invoke
-    mb.instrument(app, store=store)
+    mb.instrument(app, store=sqlite_store)
     assert app.invoke != original
     mb.uninstrument(app)
     assert app.invoke == original and not hasattr(app, "last_episode_id")
     app.invoke({"question": "q"})
-    store.flush()
-    assert store.count() == 0
+    sqlite_store.flush()
+    assert sqlite_store.count() == 0
 
 
 # -- capture failures never reach the app --------------------------------------------------------
 
 
-def test_capture_failure_mid_run_leaves_output_unchanged(store, monkeypatch):
+def test_capture_failure_mid_run_leaves_output_unchanged(sqlite_store, monkeypatch):
     plain = supervisor_app().invoke({"messages": [HumanMessage("task")]})
     recording.reset_capture_stats()
     real = recording.EpisodeRecorder.record_action
@@ -510,30 +504,30 @@ def test_capture_failure_mid_run_leaves_output_unchanged(store, monkeypatch):
         return real(self, *a, **kw)
 
     monkeypatch.setattr(recording.EpisodeRecorder, "record_action", flaky)
-    app = mb.instrument(supervisor_app(), store=store)
+    app = mb.instrument(supervisor_app(), store=sqlite_store)
     out = app.invoke({"messages": [HumanMessage("task")]})
     assert [m.content for m in out["messages"]] == [m.content for m in plain["messages"]]
     assert out["next"] == plain["next"]
     stats = recording.capture_stats()
     assert stats["errors"] == 1 and stats["by_where"] == {"langgraph.llm_end": 1}
-    ep = stored(store, app)
+    ep = stored(sqlite_store, app)
     assert len(ep.actions) == 4 and ep.metadata["capture_errors"] == 1
 
 
-def test_store_failure_and_reward_fn_failure_do_not_reach_the_app(store, monkeypatch):
+def test_store_failure_and_reward_fn_failure_do_not_reach_the_app(sqlite_store, monkeypatch):
     recording.reset_capture_stats()
 
     def broken_submit(ep):
         raise OSError("disk full")
 
-    monkeypatch.setattr(store, "submit", broken_submit)
-    app = mb.instrument(chain_app(), store=store, reward_fn=lambda i, o: 1 / 0)
+    monkeypatch.setattr(sqlite_store, "submit", broken_submit)
+    app = mb.instrument(chain_app(), store=sqlite_store, reward_fn=lambda i, o: 1 / 0)
     out = app.invoke({"question": "q"})
     assert out["review"] == "looks right"
     assert recording.capture_stats()["by_where"] == {"langgraph.reward_fn": 1, "recording.submit": 1}
 
 
-def test_app_errors_propagate_and_episode_is_failed(store):
+def test_app_errors_propagate_and_episode_is_failed(sqlite_store):
     class S(TypedDict, total=False):
         q: str
         a: str
@@ -551,10 +545,10 @@ def test_app_errors_propagate_and_episode_is_failed(store):
     g.add_node("boom", boom)
     g.add_edge(START, "ok")
     g.add_edge("ok", "boom")
-    app = mb.instrument(g.compile(), store=store)
+    app = mb.instrument(g.compile(), store=sqlite_store)
     with pytest.raises(ValueError, match="node failed"):
         app.invoke({"q": "?"})
-    ep = stored(store, app)
+    ep = stored(sqlite_store, app)
     assert ep.status == "failed" and "node failed" in ep.metadata["error"]
     assert [a.agent for a in ep.actions] == ["ok"]
 
@@ -562,7 +556,7 @@ def test_app_errors_propagate_and_episode_is_failed(store):
 # -- every chat-model call path ------------------------------------------------------------------
 
 
-def test_streamed_and_tool_calling_calls_are_captured(store):
+def test_streamed_and_tool_calling_calls_are_captured(sqlite_store):
     streamer = GenericFakeChatModel(messages=iter([AIMessage("streamed answer")] * 10))
     tooler = GenericFakeChatModel(messages=iter([AIMessage("", tool_calls=[
         {"name": "search", "args": {"q": "cats"}, "id": "call_2"}])] * 10))
@@ -583,17 +577,17 @@ def test_streamed_and_tool_calling_calls_are_captured(store):
     g.add_node("actor", act)
     g.add_edge(START, "writer")
     g.add_edge("writer", "actor")
-    app = mb.instrument(g.compile(), store=store)
+    app = mb.instrument(g.compile(), store=sqlite_store)
     out = app.invoke({"q": "cats?"})
     assert out["draft"] == "streamed answer" and out["call"] == "search"
-    writer, actor = stored(store, app).actions
+    writer, actor = stored(sqlite_store, app).actions
     assert (writer.agent, writer.kind, writer.output.text) == ("writer", "llm", "streamed answer")
     assert actor.output.tool_calls == [
         {"id": "call_2", "type": "function", "function": {"name": "search", "arguments": '{"q": "cats"}'}}]
     assert actor.depends_on == [writer.id]
 
 
-def test_with_structured_output_is_captured(store):
+def test_with_structured_output_is_captured(sqlite_store):
     from pydantic import BaseModel
 
     class Plan(BaseModel):
@@ -613,13 +607,13 @@ def test_with_structured_output_is_captured(store):
     g = StateGraph(S)
     g.add_node("planner", lambda s: {"steps": model.with_structured_output(Plan).invoke(s["q"]).steps})
     g.add_edge(START, "planner")
-    app = mb.instrument(g.compile(), store=store)
+    app = mb.instrument(g.compile(), store=sqlite_store)
     assert app.invoke({"q": "plan it"})["steps"] == ["a", "b"]
-    (a,) = stored(store, app).actions
+    (a,) = stored(sqlite_store, app).actions
     assert a.kind == "llm" and a.output.tool_calls[0]["function"]["name"] == "Plan"
 
 
-def test_checkpointer_threads_and_config_marker_not_persisted(store):
+def test_checkpointer_threads_and_config_marker_not_persisted(sqlite_store):
     from langgraph.checkpoint.memory import InMemorySaver
 
     saver = InMemorySaver()
@@ -627,21 +621,21 @@ def test_checkpointer_threads_and_config_marker_not_persisted(store):
     replier = fake("hi there")
     g.add_node("agent", lambda s: {"messages": [replier.invoke(s["messages"])]})
     g.add_edge(START, "agent")
-    app = mb.instrument(g.compile(checkpointer=saver), store=store)
+    app = mb.instrument(g.compile(checkpointer=saver), store=sqlite_store)
     cfg = {"configurable": {"thread_id": "t1"}}
     app.invoke({"messages": [HumanMessage("one")]}, cfg)
     first = app.last_episode_id
     out = app.invoke({"messages": [HumanMessage("two")]}, cfg)
     assert [m.content for m in out["messages"]] == ["one", "hi there", "two", "hi there"]
     assert app.last_episode_id != first
-    second = stored(store, app)
+    second = stored(sqlite_store, app)
     assert [m.content for m in second.actions[0].observation.messages] == ["one", "hi there", "two"]
     for ckpt in saver.list(cfg):
         assert "__marft_capture" not in ckpt.config["configurable"]
         assert "__marft_capture" not in (ckpt.metadata or {})
 
 
-def test_other_adapters_record_inside_a_node(store):
+def test_other_adapters_record_inside_a_node(sqlite_store):
     """What the MCP/A2A adapters do: find the node's episode and record a tool action as its agent."""
     from marft_bridge.adapters.langgraph import record_in_current_task
 
@@ -664,23 +658,23 @@ def test_other_adapters_record_inside_a_node(store):
     g.add_node("lookup", lookup)
     g.add_edge(START, "planner")
     g.add_edge("planner", "lookup")
-    app = mb.instrument(g.compile(), store=store)
+    app = mb.instrument(g.compile(), store=sqlite_store)
     app.invoke({"q": "cats?"})
-    ep = stored(store, app)
+    ep = stored(sqlite_store, app)
     assert seen["episode"].id == ep.id
     assert edges(ep) == {"planner@1": ("llm", []), "lookup@2": ("tool", ["planner@1"])}  # no env action
 
 
-def test_capture_inside_an_episode_joins_it(store):
-    with mb.episode(store=store, task="both") as ep:
-        with mb.capture(store=store) as cap:
+def test_capture_inside_an_episode_joins_it(sqlite_store):
+    with mb.episode(store=sqlite_store, task="both") as ep:
+        with mb.capture(store=sqlite_store) as cap:
             chain_app().invoke({"question": "q"})
     assert cap.episode_ids == [ep.id]
-    got = stored(store, ep.id)
+    got = stored(sqlite_store, ep.id)
     assert got.task == "both" and [a.agent for a in got.actions] == ["planner", "coder", "reviewer"]
 
 
-def test_functional_api_tasks_are_agents(store):
+def test_functional_api_tasks_are_agents(sqlite_store):
     from langgraph.func import entrypoint, task
 
     idea_model, writer_model, critic_model = fake("idea"), fake("essay"), fake("fine")
@@ -707,9 +701,9 @@ def test_functional_api_tasks_are_agents(store):
         essay, note = write(idea), critique(idea)  # started together
         return essay.result() + " / " + note.result()
 
-    app = mb.instrument(workflow, store=store)
+    app = mb.instrument(workflow, store=sqlite_store)
     assert app.invoke("cats") == "essay / fine"
-    ep = stored(store, app)
+    ep = stored(sqlite_store, app)
     assert edges(ep, key=lambda a: a.agent) == {
         "brainstorm": ("llm", []),
         "write": ("llm", ["brainstorm"]),

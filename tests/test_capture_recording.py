@@ -8,26 +8,18 @@ import threading
 import pytest
 
 from marft_bridge import recording as rec
-from marft_bridge.store import TraceStore
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = TraceStore.open(tmp_path / "t.db")
-    yield s
-    s.close()
-
-
-def test_episode_records_actions_rewards_and_submits(store):
-    with rec.episode(store=store, task={"q": "2+2"}, source="unit") as ep:
+def test_episode_records_actions_rewards_and_submits(sqlite_store):
+    with rec.episode(store=sqlite_store, task={"q": "2+2"}, source="unit") as ep:
         assert rec.current_episode() is ep
         a = ep.record_action("planner", output={"text": "plan"})
         b = ep.record_action("coder", depends_on=[a], output={"text": "4"}, policy={"name": "coder", "version": 3})
         ep.reward(1.0, source="checker")
         ep.reward(0.5, agent="coder", source="judge")
     assert rec.current_episode() is None
-    store.flush()
-    got = store.get_episode(ep.id)
+    sqlite_store.flush()
+    got = sqlite_store.get_episode(ep.id)
     assert got.task == {"q": "2+2"} and got.source == "unit" and got.status == "completed"
     assert [(x.agent, x.step, x.depends_on) for x in got.actions] == [("planner", 0, []), ("coder", 1, [a])]
     assert got.actions[1].id == b and got.actions[1].policy.version == 3
@@ -35,12 +27,12 @@ def test_episode_records_actions_rewards_and_submits(store):
     assert [(r.value, r.agent, r.source) for r in got.rewards] == [(1.0, None, "checker"), (0.5, "coder", "judge")]
     # a reward after the block goes to the store as a late reward
     ep.reward(2.0, source="user")
-    assert [r.value for r in store.get_episode(ep.id).rewards] == [1.0, 0.5, 2.0]
+    assert [r.value for r in sqlite_store.get_episode(ep.id).rewards] == [1.0, 0.5, 2.0]
 
 
-def test_step_never_below_a_dependency_and_unknown_deps_dropped(store):
+def test_step_never_below_a_dependency_and_unknown_deps_dropped(sqlite_store):
     rec.reset_capture_stats()
-    with rec.episode(store=store) as ep:
+    with rec.episode(store=sqlite_store) as ep:
         a = ep.record_action("x", step=4)
         b = ep.record_action("y", step=2, depends_on=[a, "nope"])
     assert ep.episode.action(b).step == 4 and ep.episode.action(b).depends_on == [a]
@@ -48,44 +40,44 @@ def test_step_never_below_a_dependency_and_unknown_deps_dropped(store):
     assert ep.episode.metadata["capture_errors"] == 1
 
 
-def test_reward_for_unknown_agent_is_refused_clearly(store):
-    with rec.episode(store=store) as ep:
+def test_reward_for_unknown_agent_is_refused_clearly(sqlite_store):
+    with rec.episode(store=sqlite_store) as ep:
         ep.record_action("x")
         with pytest.raises(ValueError, match="agent 'nobody' has no action"):
             ep.reward(1.0, agent="nobody")
 
 
-def test_failed_block_marks_episode_failed(store):
+def test_failed_block_marks_episode_failed(sqlite_store):
     with pytest.raises(KeyError):
-        with rec.episode(store=store) as ep:
+        with rec.episode(store=sqlite_store) as ep:
             ep.record_action("x")
             raise KeyError("boom")
     assert ep.episode.status == "failed" and "boom" in ep.episode.metadata["error"]
 
 
-def test_implicit_episode_joins_open_episode_or_opens_its_own(store):
-    with rec.episode(store=store) as outer:
-        with rec.implicit_episode(store=store, source="langgraph") as (r, owned):
+def test_implicit_episode_joins_open_episode_or_opens_its_own(sqlite_store):
+    with rec.episode(store=sqlite_store) as outer:
+        with rec.implicit_episode(store=sqlite_store, source="langgraph") as (r, owned):
             assert r is outer and not owned
-    with rec.implicit_episode(store=store, source="langgraph", task="t") as (r, owned):
+    with rec.implicit_episode(store=sqlite_store, source="langgraph", task="t") as (r, owned):
         assert owned and rec.current_episode() is r
         r.record_action("a")
     assert r.closed and r.episode.source == "langgraph" and r.episode.task == "t"
 
 
-def test_context_reaches_asyncio_tasks_and_wrapped_threads(store):
+def test_context_reaches_asyncio_tasks_and_wrapped_threads(sqlite_store):
     async def agent(name):
         rec.current_episode().record_action(name)
 
     async def main():
-        with rec.episode(store=store) as ep:
+        with rec.episode(store=sqlite_store) as ep:
             await asyncio.gather(agent("a"), agent("b"))
         return ep
 
     ep = asyncio.run(main())
     assert sorted(a.agent for a in ep.episode.actions) == ["a", "b"]
 
-    with rec.episode(store=store) as ep2:
+    with rec.episode(store=sqlite_store) as ep2:
         seen = []
         t = threading.Thread(target=ep2.wrap(lambda: seen.append(rec.current_episode())))
         t.start()
@@ -93,19 +85,19 @@ def test_context_reaches_asyncio_tasks_and_wrapped_threads(store):
     assert seen == [ep2]
 
 
-def test_guarded_counts_and_swallows(store):
+def test_guarded_counts_and_swallows(sqlite_store):
     rec.reset_capture_stats()
-    with rec.episode(store=store) as ep:
+    with rec.episode(store=sqlite_store) as ep:
         with rec.guarded("unit.test", ep):
             raise RuntimeError("capture bug")
     assert rec.capture_stats()["errors"] == 1 and ep.episode.metadata["capture_errors"] == 1
 
 
-def test_listeners_see_finished_episodes(store):
+def test_listeners_see_finished_episodes(sqlite_store):
     seen = []
     rec.add_episode_listener(seen.append)
     try:
-        with rec.episode(store=store) as ep:
+        with rec.episode(store=sqlite_store) as ep:
             ep.record_action("a")
     finally:
         rec.remove_episode_listener(seen.append)

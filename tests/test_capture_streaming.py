@@ -18,7 +18,6 @@ from marft_bridge.adapters import openai as oa
 from marft_bridge.recording import capture_stats, reset_capture_stats
 from marft_bridge.serving import AdapterRegistry, ServerProcess
 from marft_bridge.serving.fixtures import make_random_adapter
-from marft_bridge.store import TraceStore
 
 KEY = "stream-key"
 SAMPLING = {"temperature": 1.0, "seed": 7, "max_tokens": 12}
@@ -37,13 +36,6 @@ def server(tiny_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(server):
     return OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0)
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = TraceStore.open(tmp_path / "t.db")
-    yield s
-    s.close()
 
 
 @pytest.fixture(autouse=True)
@@ -89,7 +81,7 @@ class S(TypedDict, total=False):
     code: str
 
 
-def test_streaming_chatopenai_in_langgraph_nodes_is_exact(server, client, store):
+def test_streaming_chatopenai_in_langgraph_nodes_is_exact(server, client, sqlite_store):
     def model(name: str) -> ChatOpenAI:
         return ChatOpenAI(model=name, base_url=server.base_url, api_key=KEY, streaming=True, logprobs=True,
                           extra_body={"return_token_ids": True}, max_retries=0, **SAMPLING)
@@ -101,39 +93,39 @@ def test_streaming_chatopenai_in_langgraph_nodes_is_exact(server, client, store)
     g.add_edge(START, "planner")
     g.add_edge("planner", "coder")
     g.add_edge("coder", END)
-    app = mb.instrument(g.compile(), store=store)
+    app = mb.instrument(g.compile(), store=sqlite_store)
     out = app.invoke({"q": "Plan: add 2 and 3."})
-    store.flush()
+    sqlite_store.flush()
     plan_ref = reference(client, "planner", "Plan: add 2 and 3.")
     code_ref = reference(client, "coder", out["plan"])
     assert (out["plan"], out["code"]) == (plan_ref["text"], code_ref["text"])
-    p, c = store.get_episode(app.last_episode_id).actions
+    p, c = sqlite_store.get_episode(app.last_episode_id).actions
     assert [a.agent for a in (p, c)] == ["planner", "coder"] and c.depends_on == [p.id]
     assert_exact(p, plan_ref, "planner")
     assert_exact(c, code_ref, "coder")
     assert p.metadata["stream_chunks"] >= SAMPLING["max_tokens"] + 2  # role chunk, one per token, finish
 
 
-def test_raw_client_stream_inside_episode_is_exact_and_unchanged(client, store):
+def test_raw_client_stream_inside_episode_is_exact_and_unchanged(client, sqlite_store):
     plain = stream_chunks(client, "planner", "hello")  # no capture active
-    with mb.episode(store=store, task="stream") as ep:
+    with mb.episode(store=sqlite_store, task="stream") as ep:
         captured = stream_chunks(client, "planner", "hello")
         # a second call quoting the first's streamed text depends on it
         text = "".join(c["choices"][0]["delta"]["content"] or "" for c in captured if c["choices"])
         stream_chunks(client, "coder", f"Review: {text}")
     assert comparable(captured) == comparable(plain)  # the app sees the same chunks as without capture
     assert any(c["choices"] and c["choices"][0].get("token_ids") for c in captured)
-    store.flush()
-    a, b = store.get_episode(ep.id).actions
+    sqlite_store.flush()
+    a, b = sqlite_store.get_episode(ep.id).actions
     assert_exact(a, reference(client, "planner", "hello"), "planner")
     assert_exact(b, reference(client, "coder", f"Review: {text}"), "coder")
     assert b.depends_on == [a.id]
 
 
-def test_async_stream_inside_episode_is_exact(server, client, store):
+def test_async_stream_inside_episode_is_exact(server, client, sqlite_store):
     async def main():
         aclient = AsyncOpenAI(base_url=server.base_url, api_key=KEY, max_retries=0)
-        with mb.episode(store=store) as ep:
+        with mb.episode(store=sqlite_store) as ep:
             stream = await aclient.chat.completions.create(
                 model="coder", messages=[{"role": "user", "content": "async"}], stream=True, logprobs=True,
                 extra_body={"return_token_ids": True}, **SAMPLING)
@@ -141,24 +133,24 @@ def test_async_stream_inside_episode_is_exact(server, client, store):
         return ep, chunks
 
     ep, chunks = asyncio.run(main())
-    store.flush()
-    (a,) = store.get_episode(ep.id).actions
+    sqlite_store.flush()
+    (a,) = sqlite_store.get_episode(ep.id).actions
     assert_exact(a, reference(client, "coder", "async"), "coder")
     assert a.metadata["stream_chunks"] == len(chunks)
 
 
-def test_without_token_ids_the_stream_is_kept_for_retokenization(client, store):
-    with mb.episode(store=store) as ep:
+def test_without_token_ids_the_stream_is_kept_for_retokenization(client, sqlite_store):
+    with mb.episode(store=sqlite_store) as ep:
         stream = client.chat.completions.create(model="planner", messages=[{"role": "user", "content": "t"}],
                                                 stream=True, **SAMPLING)
         text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    store.flush()
-    (a,) = store.get_episode(ep.id).actions
+    sqlite_store.flush()
+    (a,) = sqlite_store.get_episode(ep.id).actions
     assert a.output.text == text and a.output.token_ids is None and a.output.logprobs is None
     assert a.token_source == "retokenize" and a.policy.version == 1
 
 
-def test_capture_failure_never_breaks_the_stream(client, store, monkeypatch):
+def test_capture_failure_never_breaks_the_stream(client, sqlite_store, monkeypatch):
     plain = stream_chunks(client, "planner", "boom")
 
     def explode(self, chunk):
@@ -166,22 +158,22 @@ def test_capture_failure_never_breaks_the_stream(client, store, monkeypatch):
 
     monkeypatch.setattr(oa.StreamAccumulator, "add", explode)
     reset_capture_stats()
-    with mb.episode(store=store) as ep:
+    with mb.episode(store=sqlite_store) as ep:
         captured = stream_chunks(client, "planner", "boom")
     assert comparable(captured) == comparable(plain)
     assert capture_stats()["by_where"] == {"openai.stream": 1}  # counted once, then capture stops for this stream
-    store.flush()
-    assert store.get_episode(ep.id).actions == []
+    sqlite_store.flush()
+    assert sqlite_store.get_episode(ep.id).actions == []
 
 
-def test_abandoned_stream_records_nothing(client, store):
+def test_abandoned_stream_records_nothing(client, sqlite_store):
     reset_capture_stats()
-    with mb.episode(store=store) as ep:
+    with mb.episode(store=sqlite_store) as ep:
         stream = client.chat.completions.create(model="planner", messages=[{"role": "user", "content": "stop"}],
                                                 stream=True, logprobs=True, extra_body={"return_token_ids": True},
                                                 **SAMPLING)
         with stream:
             first = next(iter(stream))
     assert first.choices[0].delta.role == "assistant"
-    store.flush()
-    assert store.get_episode(ep.id).actions == [] and capture_stats()["errors"] == 0
+    sqlite_store.flush()
+    assert sqlite_store.get_episode(ep.id).actions == [] and capture_stats()["errors"] == 0

@@ -30,13 +30,6 @@ server_mod = _load("server")
 run_mod = _load("run")
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = mb.TraceStore.open(tmp_path / "traces.db")
-    yield s
-    s.close()
-
-
 def _by(ep, agent, kind):
     return [a for a in ep.actions if a.agent == agent and a.kind == kind]
 
@@ -88,21 +81,21 @@ def assert_tool_episode(ep):
     assert ep.status == "completed" and ep.source != "mcp"
 
 
-def test_agent_tool_steps_sampling_and_server_half(store):
+def test_agent_tool_steps_sampling_and_server_half(sqlite_store):
     reset_capture_stats()
-    server = cap.instrument_server(server_mod.build_server(), store=store)
+    server = cap.instrument_server(server_mod.build_server(), store=sqlite_store)
     calls = [{"name": "add", "args": {"a": 2, "b": 3}, "id": "c1"},
              {"name": "summarize", "args": {"text": "why is the sky blue?"}, "id": "c2"}]
-    ep, _ = _run_agent(store, server, calls, "2 + 3 = 5")
+    ep, _ = _run_agent(sqlite_store, server, calls, "2 + 3 = 5")
     assert_tool_episode(ep)
     assert capture_stats()["errors"] == 0
-    assert store.count() == 1
+    assert sqlite_store.count() == 1
     # Client and server live in one process: the server's half went straight into the client's
     # recorder (one write, no join writer).
-    assert prop.join_writer(store).written == 0
+    assert prop.join_writer(sqlite_store).written == 0
 
 
-def test_error_results_are_failed_steps_and_reach_the_caller_unchanged(store):
+def test_error_results_are_failed_steps_and_reach_the_caller_unchanged(sqlite_store):
     server = server_mod.build_server()
     calls = [{"name": "divide", "args": {"a": 1, "b": 0}, "id": "c1"},
              {"name": "no_such_tool", "args": {}, "id": "c2"}]
@@ -114,8 +107,8 @@ def test_error_results_are_failed_steps_and_reach_the_caller_unchanged(store):
             return [await client.call_tool(c["name"], c["args"]) for c in calls]
 
     expected = asyncio.run(plain())  # what an uncaptured client gets
-    cap.instrument_server(server, store=store)
-    ep, out = _run_agent(store, server, calls)
+    cap.instrument_server(server, store=sqlite_store)
+    ep, out = _run_agent(sqlite_store, server, calls)
     got = [m.content for m in out["messages"] if m.type == "tool"]
     assert got == [cap.result_text(r)[0] for r in expected]
     assert all(r.is_error for r in expected)
@@ -127,7 +120,7 @@ def test_error_results_are_failed_steps_and_reach_the_caller_unchanged(store):
     assert srv_missing.depends_on == [missing.id] and srv_missing.error == missing.error
 
 
-def test_outside_an_episode_nothing_is_recorded_or_sent(store):
+def test_outside_an_episode_nothing_is_recorded_or_sent(sqlite_store):
     server = server_mod.build_server()
     seen = []
 
@@ -135,7 +128,7 @@ def test_outside_an_episode_nothing_is_recorded_or_sent(store):
         seen.append(dict(ctx.meta or {}))
         return await call_next(ctx)
 
-    cap.instrument_server(server, store=store)
+    cap.instrument_server(server, store=sqlite_store)
     server.middleware.insert(0, spy)
 
     async def go():
@@ -146,13 +139,13 @@ def test_outside_an_episode_nothing_is_recorded_or_sent(store):
             return await client.call_tool("add", {"a": 1, "b": 1})
 
     assert cap.result_text(asyncio.run(go())) == ("2", False)
-    assert prop.flush_joins(store, timeout=30)
-    assert store.count() == 0
+    assert prop.flush_joins(sqlite_store, timeout=30)
+    assert sqlite_store.count() == 0
     tools_call = [m for m in seen if m is not None]
     assert all(prop.CALLER_KEY not in m and "traceparent" not in m for m in tools_call)
 
 
-def test_uninstrument_restores_the_client(store):
+def test_uninstrument_restores_the_client(sqlite_store):
     server = server_mod.build_server()
 
     async def go():
@@ -162,16 +155,16 @@ def test_uninstrument_restores_the_client(store):
             cap.instrument_client(client)
             cap.uninstrument_client(client)
             assert "call_tool" not in vars(client) and client.sampling_callback is run_mod.sampler
-            with mb.episode(store=store) as ep:
+            with mb.episode(store=sqlite_store) as ep:
                 await client.call_tool("add", {"a": 1, "b": 2})
             return ep.id
 
     eid = asyncio.run(go())
-    store.flush()
-    assert store.get_episode(eid).actions == []
+    sqlite_store.flush()
+    assert sqlite_store.get_episode(eid).actions == []
 
 
-def test_a_result_over_the_record_limit_loses_that_step_only(store):
+def test_a_result_over_the_record_limit_loses_that_step_only(sqlite_store):
     """Tool actions are validated on the call path only when app texts could break the record
     limits: an oversized result drops the tool steps (a counted capture error), not the episode."""
     from mcp.server.mcpserver import MCPServer
@@ -185,7 +178,7 @@ def test_a_result_over_the_record_limit_loses_that_step_only(store):
         """A long text."""
         return "x" * n
 
-    cap.instrument_server(server, store=store)
+    cap.instrument_server(server, store=sqlite_store)
     reset_capture_stats()
 
     async def go():
@@ -193,7 +186,7 @@ def test_a_result_over_the_record_limit_loses_that_step_only(store):
 
         async with Client(server) as client:
             cap.instrument_client(client, agent="assistant")
-            with mb.episode(store=store) as ep:
+            with mb.episode(store=sqlite_store) as ep:
                 ep.record_action("assistant", output={"text": "ask"})
                 small = await client.call_tool("big", {"n": 3})
                 huge = await client.call_tool("big", {"n": MAX_TEXT_CHARS + 1})
@@ -201,10 +194,10 @@ def test_a_result_over_the_record_limit_loses_that_step_only(store):
 
     eid, small, huge = asyncio.run(go())
     assert cap.result_text(huge)[0] == "x" * (MAX_TEXT_CHARS + 1)  # the app still gets its result
-    store.flush()
-    prop.flush_joins(store, timeout=60)
-    ep = store.get_episode(eid)
+    sqlite_store.flush()
+    prop.flush_joins(sqlite_store, timeout=60)
+    ep = sqlite_store.get_episode(eid)
     assert [(a.agent, a.kind, a.output.text) for a in ep.actions] == [
         ("assistant", "llm", "ask"), ("assistant", "tool", "xxx"), ("big", "tool", "xxx")]
     assert capture_stats()["errors"] == 2  # the client's and the server's record of the huge result
-    assert store.stats()["dead_letters"] == 0
+    assert sqlite_store.stats()["dead_letters"] == 0

@@ -18,13 +18,6 @@ from marft_bridge.adapters import otel
 from marft_bridge.store import TraceStore
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = TraceStore.open(tmp_path / "traces.db")
-    yield s
-    s.close()
-
-
 @pytest.fixture(autouse=True)
 def _env(monkeypatch):
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
@@ -100,22 +93,23 @@ def provider_with(store):
     return tp, proc
 
 
-def test_official_genai_langchain_instrumentation_converts_to_equivalent_episode(server, store, tmp_path):  # noqa: F811
+def test_official_genai_langchain_instrumentation_converts_to_equivalent_episode(
+        server, sqlite_store, tmp_path):  # noqa: F811
     _, url = server
     native = native_episode(url, TraceStore.open(tmp_path / "native.db"))
     assert llm_view(native) == EXPECTED
 
     from opentelemetry.instrumentation.genai.langchain import LangChainInstrumentor
 
-    tp, proc = provider_with(store)
+    tp, proc = provider_with(sqlite_store)
     inst = LangChainInstrumentor()
     inst.instrument(tracer_provider=tp, skip_dep_check=True)
     try:
         team_app(url).invoke({"q": "what?"})
     finally:
         inst.uninstrument()
-    store.flush()
-    (ep,) = list(store.episodes())
+    sqlite_store.flush()
+    (ep,) = list(sqlite_store.episodes())
     assert ep.source == "otel" and ep.task == {"q": "what?"} and proc.assembler.episodes == 1
     assert llm_view(ep) == llm_view(native)
     planner = next(a for a in ep.actions if a.agent == "planner")
@@ -125,21 +119,21 @@ def test_official_genai_langchain_instrumentation_converts_to_equivalent_episode
     assert steps["planner"] < steps["coder"] == steps["tester"] < steps["reviewer"]
 
 
-def test_openinference_instrumentation_converts_to_equivalent_episode(server, store, tmp_path):  # noqa: F811
+def test_openinference_instrumentation_converts_to_equivalent_episode(server, sqlite_store, tmp_path):  # noqa: F811
     _, url = server
     native = native_episode(url, TraceStore.open(tmp_path / "native.db"))
 
     from openinference.instrumentation.langchain import LangChainInstrumentor
 
-    tp, _ = provider_with(store)
+    tp, _ = provider_with(sqlite_store)
     inst = LangChainInstrumentor()
     inst.instrument(tracer_provider=tp)
     try:
         team_app(url).invoke({"q": "what?"})
     finally:
         inst.uninstrument()
-    store.flush()
-    (ep,) = list(store.episodes())
+    sqlite_store.flush()
+    (ep,) = list(sqlite_store.episodes())
     assert llm_view(ep) == llm_view(native) == EXPECTED
     # OpenInference shows every node, so env steps and LangGraph supersteps match the native capture too
     assert sorted((a.agent, a.kind, a.step) for a in ep.actions) == sorted(
@@ -148,14 +142,14 @@ def test_openinference_instrumentation_converts_to_equivalent_episode(server, st
     assert coder.sampling.model_dump(exclude_none=True) == {"temperature": 0.5, "top_k": 20, "max_tokens": 16}
 
 
-def test_emitted_spans_round_trip_exactly(server, store):  # noqa: F811
+def test_emitted_spans_round_trip_exactly(server, sqlite_store):  # noqa: F811
     _, url = server
     mem = InMemorySpanExporter()
     tp = TracerProvider()
     tp.add_span_processor(SimpleSpanProcessor(mem))
     emitter = otel.SpanEmitter(tracer_provider=tp).install()
     try:
-        native = native_episode(url, store)
+        native = native_episode(url, sqlite_store)
     finally:
         emitter.uninstall()
     spans = mem.get_finished_spans()
@@ -174,20 +168,20 @@ def test_emitted_spans_round_trip_exactly(server, store):  # noqa: F811
     assert [strip(a) for a in back.actions] == [strip(a) for a in native.actions]
 
 
-def test_own_spans_are_not_recorded_twice(server, store):  # noqa: F811
+def test_own_spans_are_not_recorded_twice(server, sqlite_store):  # noqa: F811
     _, url = server
-    tp, proc = provider_with(store)
+    tp, proc = provider_with(sqlite_store)
     emitter = otel.SpanEmitter(tracer_provider=tp).install()
     try:
-        native_episode(url, store)
+        native_episode(url, sqlite_store)
     finally:
         emitter.uninstall()
-    store.flush()
-    assert store.count() == 1 and proc.assembler.episodes == 0
+    sqlite_store.flush()
+    assert sqlite_store.count() == 1 and proc.assembler.episodes == 0
 
 
-def test_hand_made_genai_spans_tools_parentage_and_message_flow(store):
-    tp, proc = provider_with(store)
+def test_hand_made_genai_spans_tools_parentage_and_message_flow(sqlite_store):
+    tp, proc = provider_with(sqlite_store)
     tracer = tp.get_tracer("app")
 
     def msgs(role, text):
@@ -216,8 +210,8 @@ def test_hand_made_genai_spans_tools_parentage_and_message_flow(store):
                                                                "gen_ai.request.model": "judge",
                                                                "gen_ai.input.messages": "not json"}):
             pass
-    store.flush()
-    (ep,) = list(store.episodes())
+    sqlite_store.flush()
+    (ep,) = list(sqlite_store.episodes())
     view = [(a.agent, a.kind, a.step, sorted(ep.action(d).agent + ":" + ep.action(d).kind for d in a.depends_on))
             for a in ep.actions]
     assert view == [
@@ -230,8 +224,8 @@ def test_hand_made_genai_spans_tools_parentage_and_message_flow(store):
     assert ep.actions[1].output.text == "cats are mammals" and ep.actions[1].metadata["span_id"]
 
 
-def test_traces_without_model_calls_are_skipped_and_bad_spans_counted(store):
-    tp, proc = provider_with(store)
+def test_traces_without_model_calls_are_skipped_and_bad_spans_counted(sqlite_store):
+    tp, proc = provider_with(sqlite_store)
     tracer = tp.get_tracer("app")
     with tracer.start_as_current_span("GET /health"):
         pass
@@ -243,14 +237,14 @@ def test_traces_without_model_calls_are_skipped_and_bad_spans_counted(store):
         with tracer.start_as_current_span("chat ok", attributes={"gen_ai.operation.name": "chat",
                                                                   "gen_ai.request.model": "m"}):
             pass
-    store.flush()
-    (ep,) = list(store.episodes())
+    sqlite_store.flush()
+    (ep,) = list(sqlite_store.episodes())
     assert [a.policy.name for a in ep.actions] == ["m"]
     assert recording.capture_stats()["by_where"] == {"otel.span": 1}
 
 
-def test_exporter_with_batches(store):
-    exporter = otel.EpisodeSpanExporter(store)
+def test_exporter_with_batches(sqlite_store):
+    exporter = otel.EpisodeSpanExporter(sqlite_store)
     tp = TracerProvider()
     mem = InMemorySpanExporter()
     tp.add_span_processor(SimpleSpanProcessor(mem))
@@ -261,8 +255,8 @@ def test_exporter_with_batches(store):
             pass
     spans = list(mem.get_finished_spans())
     exporter.export(spans[:1])  # the child first: nothing yet
-    store.flush()
-    assert store.count() == 0
+    sqlite_store.flush()
+    assert sqlite_store.count() == 0
     exporter.export(spans[1:])
-    store.flush()
-    assert store.count() == 1
+    sqlite_store.flush()
+    assert sqlite_store.count() == 1
