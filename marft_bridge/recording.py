@@ -44,7 +44,8 @@ API
     episode is finished the reward travels with it; afterwards it goes to ``store.add_reward``.
     ``producers_of(texts)``: ids of actions whose output text occurs in one of ``texts`` (a
     message-flow dependency rule for protocols without a graph).
-    ``set_task(task)``, ``max_step()``, ``actions()`` (a snapshot), ``last_action_id(agent=None)``,
+    ``set_task(task)``, ``max_step()``, ``actions()`` (a snapshot), ``action_links()`` (the
+    unvalidated ``(kind, agent, step, id, depends_on)`` of each action), ``last_action_id(agent=None)``,
     ``activate()``, ``wrap(fn)``, ``finish(status="completed", error=None)`` (idempotent; submits
     the episode record to the store, which validates it in its writer thread and dead-letters it
     with the reason if it is invalid), ``episode`` (the finished ``Episode``, validated on demand).
@@ -351,6 +352,13 @@ class EpisodeRecorder:
         with self._lock:
             raw = list(self._actions)
         return [Action.model_validate(a) for a in raw]
+
+    def action_links(self) -> list[tuple[str, str, int, str, list[str]]]:
+        """``(kind, agent, step, id, depends_on)`` of each recorded action, in order: the graph
+        without the payloads, unvalidated (``actions()`` validates each one: too slow for per-call
+        protocol hooks)."""
+        with self._lock:
+            return [(a["kind"], a["agent"], a["step"], a["id"], list(a["depends_on"])) for a in self._actions]
 
     def get_action(self, action_id: str) -> Action | None:
         raw = self._index.get(action_id)

@@ -40,6 +40,16 @@ def test_step_never_below_a_dependency_and_unknown_deps_dropped(sqlite_store):
     assert ep.episode.metadata["capture_errors"] == 1
 
 
+def test_action_links_are_the_graph_in_order_and_copies(sqlite_store):
+    with rec.episode(store=sqlite_store) as ep:
+        a = ep.record_action("planner", output={"text": "plan"})
+        t = ep.record_action("search", kind="tool", depends_on=[a])
+        links = ep.action_links()
+        assert links == [("llm", "planner", 0, a, []), ("tool", "search", 1, t, [a])]
+        links[1][4].append("changed")  # the caller's copy, not the recorder's record
+        assert ep.action_links()[1] == ("tool", "search", 1, t, [a])
+
+
 def test_reward_for_unknown_agent_is_refused_clearly(sqlite_store):
     with rec.episode(store=sqlite_store) as ep:
         ep.record_action("x")

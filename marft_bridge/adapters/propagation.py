@@ -334,14 +334,10 @@ def needs_validation(agent: str, *texts: str | None) -> bool:
 
 
 def recorded(recorder: EpisodeRecorder) -> list[tuple[str, str, int, str, list[str]]]:
-    """(kind, agent, step, id, depends_on) of each action recorded so far, without validating them
-    (``actions()`` validates every action: too slow for a per-call hook), leaving out the halves
-    of further callees recorded into it (they would have been written apart)."""
-    # The recorder's raw records (plain dicts): it has no public unvalidated snapshot.
-    with recorder._lock:
-        raw = list(recorder._actions)
+    """(kind, agent, step, id, depends_on) of each action recorded so far, unvalidated, leaving
+    out the halves of further callees recorded into it (they would have been written apart)."""
     skip = _HALF_IDS.get(recorder) or ()
-    return [(a["kind"], a["agent"], a["step"], a["id"], list(a["depends_on"])) for a in raw if a["id"] not in skip]
+    return [a for a in recorder.action_links() if a[3] not in skip]
 
 
 # -- the callee's side ---------------------------------------------------------------------------
