@@ -10,7 +10,8 @@ the ratio of the fastest rounds), and captured / plain CPU seconds of this proce
 every captured record is stored. Background writes (the store's writer, the servers' join
 writers) may overlap the captured calls, as in a deployment, but the run waits for them to
 finish before the next measurement starts, so they never slow a plain one; the CPU ratio counts
-them in full. The run fails if a captured action is missing from the store. ``--delay-ms``: each
+them in full. The run fails unless the store holds exactly the captured actions (the warm-up
+call of each captured pair runs in an episode and counts too). ``--delay-ms``: each
 call waits that long in the tool / echo agent (a realistic call instead of the no-work worst case).
 Cases:
 
@@ -102,8 +103,11 @@ async def compare(make_plain, make_captured, n: int, rounds: int, per_episode: i
     process and the servers, from the first call until the captured records are all stored."""
     ratios, cpu_ratios, plain_t, cap_t = [], [], [], []
     async with make_plain() as plain_call, make_captured() as cap_call:
+        # Warm both (connections, imports); the captured warm-up runs in an episode like the
+        # measured calls, so it adds a known number of actions to what the store must hold.
         await plain_call()
-        await cap_call()  # warm both (connections, imports)
+        await timed_calls(cap_call, 1, 1, ledger.store)
+        ledger.expected += actions_per_call
         for r in range(rounds):
             order = ["plain", "cap"] if r % 2 == 0 else ["cap", "plain"]
             got, cpu = {}, {}
@@ -247,11 +251,13 @@ def main() -> None:
         print(f"{case:<16} {r['plain_ms']:>14.3f} {r['captured_ms']:>17.3f} {r['ratio']:>15.3f} "
               f"{r['min_ratio']:>10.3f} {r['cpu_ratio']:>19.3f}")
     st = store.stats()
-    print(f"stored: {st['episodes']} episodes, {st['actions']} actions (expected {ledger.expected}), "
-          f"{st['dead_letters']} dead letters ({store_path}); {args.calls} calls x {args.rounds} rounds per case"
-          + ("" if delay else f" ({10 * args.calls} in-process)")
+    print(f"stored: {st['episodes']} episodes, {st['actions']} actions (expected {ledger.expected}, warm-up calls "
+          f"included), {st['dead_letters']} dead letters ({store_path}); {args.calls} calls x {args.rounds} rounds "
+          "per case" + ("" if delay else f" ({10 * args.calls} in-process)")
           + (f"; each call waits {delay:g} ms" if delay else ""))
     store.close()
+    if st["actions"] != ledger.expected:
+        sys.exit(f"the store holds {st['actions']} actions, not the {ledger.expected} captured")
 
 
 def _load_mcp_run():
