@@ -1,8 +1,10 @@
 """OpenAI-compatible capture against a real local HTTP server that answers like vLLM.
 
-The server returns ``choices[].token_ids``, top-level ``prompt_token_ids``, per-token
-``logprobs`` and our serving layer's ``"adapter": {"name", "version"}``; capture must store them
-exactly, also through ``langchain_openai.ChatOpenAI`` (which drops ``token_ids`` itself).
+The server returns ``choices[].token_ids``, top-level ``prompt_token_ids`` and per-token
+``logprobs``; for the models in ``VERSIONS`` it answers like our serving layer, with
+``"adapter": {"name", "version"}``, for the others like vLLM, which says nothing about the adapter
+version. Capture must store them exactly, also through ``langchain_openai.ChatOpenAI`` (which drops
+``token_ids`` itself). It also accepts vLLM's ``/v1/load_lora_adapter`` (requests kept in ``loaded``).
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from openai import AsyncOpenAI, OpenAI
 import marft_bridge as mb
 from marft_bridge.store import TraceStore
 
-VERSIONS = {"planner": 3, "coder": 7}
+VERSIONS = {"planner": 3, "coder": 7}  # served by `marft serve`; other models by vLLM
 LOGPROBS = [-0.123456789012345, -1.5, -0.000244140625, -2.718281828459045]
+# What vLLM's ChatCompletionResponse adds to OpenAI's fields (all null here); no adapter version.
+VLLM_FIELDS = {"service_tier": None, "system_fingerprint": None, "prompt_logprobs": None, "kv_transfer_params": None}
 
 
 def reply(req: dict) -> dict:
@@ -37,6 +41,10 @@ def reply(req: dict) -> dict:
                   "usage": {"prompt_tokens": 3, "completion_tokens": len(ids), "total_tokens": 3 + len(ids)}}
     if model in VERSIONS:
         body["adapter"] = {"name": model, "version": VERSIONS[model]}
+    else:
+        body |= {"id": f"chatcmpl-{seed:032x}", **VLLM_FIELDS}
+        choice["message"] |= {"tool_calls": [], "reasoning_content": None}
+        choice["stop_reason"] = None
     if req.get("logprobs"):
         tokens = [f"token_id:{i}" for i in ids] if req.get("return_tokens_as_token_ids") else list("abcd")
         choice["logprobs"] = {"content": [{"token": t, "logprob": lp, "bytes": None, "top_logprobs": []}
@@ -87,15 +95,22 @@ def stream_reply(req: dict) -> list[dict]:
     return chunks
 
 
+def completion(req: dict) -> tuple[bytes, str]:
+    if req.get("stream"):
+        events = "".join(f"data: {json.dumps(c)}\n\n" for c in stream_reply(req)) + "data: [DONE]\n\n"
+        return events.encode(), "text/event-stream"
+    return json.dumps(reply(req)).encode(), "application/json"
+
+
 class Handler(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.server.requests.append(req)
-        if req.get("stream"):
-            data = "".join(f"data: {json.dumps(c)}\n\n" for c in stream_reply(req)).encode() + b"data: [DONE]\n\n"
-            kind = "text/event-stream"
+        if self.path == "/v1/load_lora_adapter":  # vLLM answers plain text
+            self.server.loaded.append(req)
+            data, kind = f"Success: LoRA adapter '{req['lora_name']}' added successfully.".encode(), "text/plain"
         else:
-            data, kind = json.dumps(reply(req)).encode(), "application/json"
+            self.server.requests.append(req)
+            data, kind = completion(req)
         self.send_response(200)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(data)))
@@ -109,7 +124,7 @@ class Handler(BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.requests = []
+    httpd.requests, httpd.loaded = [], []
     t = threading.Thread(target=httpd.serve_forever, daemon=True)
     t.start()
     yield httpd, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
@@ -140,8 +155,11 @@ class S(TypedDict, total=False):
     code: str
 
 
-def two_agents(url: str, asynchronous: bool = False, streaming: bool = False):
-    planner, coder = token_model(url, "planner", streaming=streaming), token_model(url, "coder", streaming=streaming)
+def two_agents(url: str, asynchronous: bool = False, streaming: bool = False,
+               agents: tuple[str, str] = ("planner", "coder")):
+    """``agents[0]`` plans from ``q``, ``agents[1]`` codes from the plan; each node calls its own model."""
+    first, second = agents
+    planner, coder = token_model(url, first, streaming=streaming), token_model(url, second, streaming=streaming)
     g = StateGraph(S)
     if asynchronous:
         async def plan(s):
@@ -155,11 +173,11 @@ def two_agents(url: str, asynchronous: bool = False, streaming: bool = False):
 
         def code(s):
             return {"code": coder.invoke(s["plan"]).content}
-    g.add_node("planner", plan)
-    g.add_node("coder", code)
-    g.add_edge(START, "planner")
-    g.add_edge("planner", "coder")
-    g.add_edge("coder", END)
+    g.add_node(first, plan)
+    g.add_node(second, code)
+    g.add_edge(START, first)
+    g.add_edge(first, second)
+    g.add_edge(second, END)
     return g.compile()
 
 

@@ -16,6 +16,11 @@ Where a call lands:
   name), depending on earlier actions whose output text appears in its messages.
 Outside all of these the hook does nothing.
 
+Which adapter version answered: our server says so in ``"adapter"``; vLLM does not. With
+``use_registry(root)`` set, a response without a version gets the registry's live version of the
+requested model (the adapter name = registry agent), read when the response (or stream) arrives;
+``metadata["adapter_version_source"]`` records ``"server"`` or ``"registry"``.
+
 Streams (``stream=True``; ``ChatOpenAI(streaming=True)`` and ``.stream()``) are tapped: the app
 gets the very same chunk objects, while capture folds each chunk's ``delta``, ``token_ids``,
 ``logprobs.content``, ``prompt_token_ids``, ``adapter`` and ``finish_reason`` into one response of
@@ -30,9 +35,11 @@ turns one request/response pair into the keyword arguments of ``EpisodeRecorder.
 from __future__ import annotations
 
 import contextvars
+import os
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from ..recording import capture_error, current_episode, guarded
@@ -41,6 +48,8 @@ from ..schema import utcnow
 _PATHS = ("/chat/completions",)
 # Key of the assembled stream response that carries what only the chunks showed.
 STREAM_KEY = "marft_stream"
+# Key the hook adds to a response: the registry's live version of the requested adapter.
+REGISTRY_KEY = "marft_registry_version"
 
 
 class RawCall:
@@ -123,7 +132,11 @@ def completion_fields(request: dict, response: dict) -> dict[str, Any]:
     }
     adapter = response.get("adapter") if isinstance(response.get("adapter"), dict) else {}
     model = str(adapter.get("name") or request.get("model") or response.get("model") or "unknown")
-    metadata: dict[str, Any] = {"response_model": response.get("model"), "response_id": response.get("id")}
+    version, source = adapter.get("version"), "server"  # the server's word wins over the registry's
+    if version is None and response.get(REGISTRY_KEY) is not None:
+        version, source = response[REGISTRY_KEY], "registry"
+    metadata: dict[str, Any] = {"response_model": response.get("model"), "response_id": response.get("id"),
+                                "adapter_version_source": source if version is not None else None}
     if problem:
         metadata["token_data_dropped"] = problem
     if stream:
@@ -142,7 +155,7 @@ def completion_fields(request: dict, response: dict) -> dict[str, Any]:
             "finish_reason": choice.get("finish_reason"),
         },
         "sampling": {k: v for k, v in sampling.items() if v is not None} or None,
-        "policy": {"name": model, "version": adapter.get("version")},
+        "policy": {"name": model, "version": version},
         "token_source": "server" if ids is not None else "retokenize",
         "metadata": {k: v for k, v in metadata.items() if v is not None},
     }
@@ -154,6 +167,76 @@ def _response_dict(result: Any) -> dict | None:
     if hasattr(result, "model_dump"):
         return result.model_dump(mode="json")
     return result if isinstance(result, dict) else None
+
+
+# -- adapter version from the registry -----------------------------------------------------------
+
+
+class LiveVersions:
+    """The live version of each agent in one adapter registry, re-read only when its state file changes.
+
+    Race: the capture reads the version when the response (a stream: its first bytes) arrives, so a
+    promotion or rollback between the request and that read labels the action with the version it
+    made live although the previous one answered. The window is about one request's latency per
+    swap (``promote`` loads into the server first and writes the state file after).
+    """
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self._cache: dict[str, tuple[tuple[int, int, int], int | None]] = {}
+
+    def get(self, agent: str) -> int | None:
+        """``agent``'s live version; None for a name the registry does not manage. Raises if the
+        registry is missing or its state unreadable."""
+        from ..serving.registry import AGENT_NAME, read_state, state_file
+
+        if not AGENT_NAME.match(agent):  # e.g. "org/base-model": not an adapter of ours
+            return None
+        path = state_file(self.root, agent)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            if not self.root.is_dir():
+                raise FileNotFoundError(f"adapter registry {self.root} does not exist") from None
+            return None  # never promoted, or not an agent of this registry
+        # Size and inode too: two writes within one timestamp tick still differ in them
+        # (every promote appends to the history, every rollback drops from it; each write is a new file).
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        hit = self._cache.get(agent)
+        if hit is None or hit[0] != key:
+            hit = self._cache[agent] = (key, read_state(path)["current"])
+        return hit[1]
+
+
+_live: LiveVersions | None = None
+
+
+def use_registry(registry: str | os.PathLike | Any | None) -> None:
+    """Resolve the adapter version of responses that do not carry one (vLLM's) from this adapter
+    registry: a root directory or an ``AdapterRegistry``; None stops it. Process-wide."""
+    global _live
+    if registry is None:
+        _live = None
+    else:  # (a Path has a ``root`` attribute too: "/")
+        _live = LiveVersions(registry if isinstance(registry, (str, os.PathLike)) else registry.root)
+
+
+def _registry_version(body: dict) -> int | None:
+    """The live version of the requested adapter; None without a registry or on failure (counted)."""
+    live, model = _live, body.get("model")
+    if live is None or not isinstance(model, str):
+        return None
+    try:
+        return live.get(model)
+    except Exception as e:  # noqa: BLE001 - a broken registry must not break the app
+        capture_error("openai.registry", e)
+        return None
+
+
+def _stamped(response: dict | None, version: int | None) -> dict | None:
+    if response is None or version is None:
+        return response
+    return {**response, REGISTRY_KEY: version}
 
 
 # -- streams -------------------------------------------------------------------------------------
@@ -268,14 +351,14 @@ def _fold(acc: StreamAccumulator, chunk: Any) -> None:
         capture_error("openai.stream", e)
 
 
-def _finish(acc: StreamAccumulator, body: dict, started: datetime, ctx: contextvars.Context) -> None:
+def _finish(acc: StreamAccumulator, deliver: Callable[[dict], None]) -> None:
     if acc.failed:
         return
     with guarded("openai.capture"):
-        ctx.run(_deliver, body, acc.response(), started)
+        deliver(acc.response())
 
 
-def _tap(source: Iterator, body: dict, started: datetime, ctx: contextvars.Context) -> Iterator:
+def _tap(source: Iterator, deliver: Callable[[dict], None]) -> Iterator:
     acc = StreamAccumulator()
     try:
         for chunk in source:
@@ -283,10 +366,10 @@ def _tap(source: Iterator, body: dict, started: datetime, ctx: contextvars.Conte
             yield chunk
     finally:
         source.close()
-    _finish(acc, body, started, ctx)
+    _finish(acc, deliver)
 
 
-async def _atap(source: AsyncIterator, body: dict, started: datetime, ctx: contextvars.Context) -> AsyncIterator:
+async def _atap(source: AsyncIterator, deliver: Callable[[dict], None]) -> AsyncIterator:
     acc = StreamAccumulator()
     try:
         async for chunk in source:
@@ -294,7 +377,7 @@ async def _atap(source: AsyncIterator, body: dict, started: datetime, ctx: conte
             yield chunk
     finally:
         await source.aclose()
-    _finish(acc, body, started, ctx)
+    _finish(acc, deliver)
 
 
 # -- recording -----------------------------------------------------------------------------------
@@ -331,8 +414,9 @@ def _handle(path: str | None, body: Any, extra: Any, result: Any, started: datet
         return
     # ``extra_body`` (vLLM's top_k, return_token_ids, ...) travels apart and is merged into the JSON.
     body = {**body, **extra} if isinstance(extra, dict) else dict(body)
+    live = _registry_version(body)  # at response time; for a stream, when it opens rather than ends
     if not body.get("stream"):
-        _deliver(body, _response_dict(result), started)
+        _deliver(body, _stamped(_response_dict(result), live), started)
         return
     from openai import AsyncStream, Stream
     from openai._legacy_response import LegacyAPIResponse
@@ -341,10 +425,15 @@ def _handle(path: str | None, body: Any, extra: Any, result: Any, started: datet
         result = result.parse()
     # Swap the stream's iterator for a tap: the app keeps its Stream object and gets the same chunks.
     # The tap delivers in a copy of this context, where the episode/node/sink of the call are current.
+    ctx = contextvars.copy_context()
+
+    def deliver(response: dict) -> None:
+        ctx.run(_deliver, body, _stamped(response, live), started)
+
     if isinstance(result, Stream):
-        result._iterator = _tap(result._iterator, body, started, contextvars.copy_context())
+        result._iterator = _tap(result._iterator, deliver)
     elif isinstance(result, AsyncStream):
-        result._iterator = _atap(result._iterator, body, started, contextvars.copy_context())
+        result._iterator = _atap(result._iterator, deliver)
 
 
 def _active() -> bool:
@@ -411,4 +500,5 @@ def uninstall() -> None:
     SyncAPIClient.request, AsyncAPIClient.request = _originals.pop("sync"), _originals.pop("async")
 
 
-__all__ = ["RAW_SINK", "STREAM_KEY", "RawCall", "StreamAccumulator", "completion_fields", "install", "token_data", "uninstall"]
+__all__ = ["RAW_SINK", "REGISTRY_KEY", "STREAM_KEY", "LiveVersions", "RawCall", "StreamAccumulator", "completion_fields",
+           "install", "token_data", "uninstall", "use_registry"]

@@ -5,6 +5,8 @@
   ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 vllm serve BASE --enable-lora --max-loras N --max-lora-rank R``;
   every version is loaded from its own registry directory (vLLM does not notice changed weights
   under a path it already loaded), and the registry path must be readable by the vLLM process.
+  vLLM's responses do not say which version answered: capture reads it from the same registry
+  (``marft_bridge.adapters.openai.use_registry(root)``).
 - ``InProcessPublisher``: an application that holds the model itself (an ``AdapterEngine``).
 
 ``AdapterRegistry.promote(agent, v, publisher=p)`` loads through the publisher first and marks the

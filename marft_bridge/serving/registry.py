@@ -63,6 +63,18 @@ def check_agent_name(agent: str) -> str:
     return agent
 
 
+def state_file(root: str | Path, agent: str) -> Path:
+    """Where ``agent``'s state (current version, promotion history) lives under registry ``root``."""
+    return Path(root) / check_agent_name(agent) / STATE_FILE
+
+
+def read_state(path: Path) -> dict:
+    """A state file's content, without creating anything; an agent never promoted has none."""
+    if not path.is_file():
+        return {"current": None, "history": []}
+    return json.loads(path.read_text())
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -237,13 +249,10 @@ class AdapterRegistry:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
     def _state(self, agent: str) -> dict:
-        p = self.root / check_agent_name(agent) / STATE_FILE
-        if not p.is_file():
-            return {"current": None, "history": []}
-        return json.loads(p.read_text())
+        return read_state(state_file(self.root, agent))
 
     def _write_state(self, agent: str, state: dict) -> None:
-        p = self.root / agent / STATE_FILE
+        p = state_file(self.root, agent)
         tmp = p.with_suffix(".tmp")
         tmp.write_text(json.dumps(state))
         os.replace(tmp, p)  # atomic: readers see the old or the new state, never half of one

@@ -1,0 +1,156 @@
+"""The adapter version of actions served by vLLM, which does not report it: capture reads the live
+version from the adapter registry the deployment publishes from (``use_registry``), against the
+vLLM-shaped local server of test_capture_openai and a real registry whose versions are loaded into
+that server through ``VLLMPublisher``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import pytest
+from openai import OpenAI
+
+import marft_bridge as mb
+from marft_bridge.adapters import openai as oa
+from marft_bridge.recording import capture_stats, reset_capture_stats
+from marft_bridge.serving import AdapterRegistry, VLLMPublisher
+from marft_bridge.serving.fixtures import make_random_adapter
+from test_capture_openai import VERSIONS, server, store, two_agents  # noqa: F401 - fixture reuse
+
+AGENTS = ("writer", "reviewer", "planner")  # writer, reviewer: vLLM; planner: our server (says 3)
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(tiny_model_dir, tmp_path_factory):
+    return make_random_adapter(tiny_model_dir, tmp_path_factory.mktemp("ad") / "a", seed=1, rank=4)
+
+
+@pytest.fixture
+def registry(server, adapter_dir, tmp_path):
+    """Versions 1-3 of each agent, version 2 live (loaded into the server before the registry says so)."""
+    httpd, url = server
+    reg = AdapterRegistry(tmp_path / "registry")
+    for agent in AGENTS:
+        for _ in range(3):
+            reg.publish(agent, adapter_dir)
+        reg.promote(agent, 1)
+        reg.promote(agent, 2, publisher=VLLMPublisher(url))
+    httpd.loaded.clear()
+    return reg
+
+
+@pytest.fixture(autouse=True)
+def _fresh_capture():
+    oa.install()  # the client hook (instrument() installs it too)
+    reset_capture_stats()
+    yield
+    oa.use_registry(None)
+
+
+def served(store, episode_id: str) -> list[tuple]:
+    store.flush()
+    return [(a.agent, a.policy.version, a.metadata.get("adapter_version_source"), a.token_source)
+            for a in store.get_episode(episode_id).actions]
+
+
+@pytest.mark.parametrize("asynchronous, streaming", [(False, False), (True, False), (False, True), (True, True)])
+def test_chatopenai_graph_records_the_live_registry_version(server, store, registry, asynchronous, streaming):
+    httpd, url = server
+    oa.use_registry(registry.root)
+    app = mb.instrument(two_agents(url, asynchronous, streaming, agents=("writer", "reviewer")), store=store)
+
+    def run() -> list[tuple]:
+        q = {"q": "what?"}
+        out = asyncio.run(app.ainvoke(q)) if asynchronous else app.invoke(q)
+        assert out["code"] == "reviewer answer to writer answer to what?"
+        return served(store, app.last_episode_id)
+
+    assert run() == [("writer", 2, "registry", "server"), ("reviewer", 2, "registry", "server")]
+    registry.promote("writer", 3, publisher=VLLMPublisher(url))
+    assert httpd.loaded == [{"lora_name": "writer", "lora_path": str(registry.path("writer", 3)), "load_inplace": True}]
+    assert run() == [("writer", 3, "registry", "server"), ("reviewer", 2, "registry", "server")]
+    registry.rollback("writer", publisher=VLLMPublisher(url))
+    assert run() == [("writer", 2, "registry", "server"), ("reviewer", 2, "registry", "server")]
+    assert capture_stats()["errors"] == 0
+
+
+def client(url: str) -> OpenAI:
+    return OpenAI(base_url=url, api_key="test", max_retries=0)
+
+
+def text(response, stream: bool) -> str:
+    if stream:
+        return "".join(c.choices[0].delta.content or "" for c in response if c.choices)
+    return response.choices[0].message.content
+
+
+def ask(url: str, model: str, stream: bool = False) -> str:
+    """One call through the raw ``openai`` client; the answer's text."""
+    messages = [{"role": "user", "content": "x"}]
+    return text(client(url).chat.completions.create(model=model, messages=messages, stream=stream), stream)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_client_records_the_live_registry_version(server, store, registry, stream):
+    _, url = server
+    oa.use_registry(str(registry.root))
+    with mb.episode(store=store) as ep:
+        assert ask(url, "writer", stream) == "writer answer to x"
+        registry.promote("writer", 3)
+        assert ask(url, "writer", stream) == "writer answer to x"
+    assert served(store, ep.id) == [("writer", 2, "registry", "retokenize"), ("writer", 3, "registry", "retokenize")]
+
+
+def test_a_stream_records_the_version_live_when_it_opened(server, store, registry):
+    _, url = server
+    oa.use_registry(registry.root)
+    with mb.episode(store=store) as ep:
+        stream = client(url).chat.completions.create(model="writer", messages=[{"role": "user", "content": "x"}],
+                                                     stream=True)
+        registry.promote("writer", 3)  # while the stream is read
+        assert text(stream, True) == "writer answer to x"
+    assert served(store, ep.id) == [("writer", 2, "registry", "retokenize")]
+
+
+def test_the_servers_adapter_version_wins(server, store, registry):
+    _, url = server
+    oa.use_registry(registry)  # an AdapterRegistry works as well as its root
+    with mb.episode(store=store) as ep:
+        assert ask(url, "planner") == "planner answer to x"
+    assert registry.current("planner") == 2
+    assert served(store, ep.id) == [("planner", VERSIONS["planner"], "server", "retokenize")]
+
+
+def test_missing_or_unreadable_registry_leaves_the_version_unknown(server, store, registry, tmp_path):
+    _, url = server
+    oa.use_registry(tmp_path / "no-registry")
+    with mb.episode(store=store) as ep:
+        assert ask(url, "writer") == "writer answer to x"
+    assert served(store, ep.id) == [("writer", None, None, "retokenize")]
+    assert capture_stats()["by_where"] == {"openai.registry": 1}
+    assert not (tmp_path / "no-registry").exists()  # reading never creates a registry
+
+    oa.use_registry(registry.root)
+    (registry.root / "writer" / "state.json").write_text("{not json")
+    with mb.episode(store=store) as ep:
+        assert ask(url, "writer") == "writer answer to x"
+        assert ask(url, "unpublished") == "unpublished answer to x"  # an agent the registry does not manage
+        assert ask(url, "org/base-model") == "org/base-model answer to x"  # not an adapter name at all
+    assert [a[:2] for a in served(store, ep.id)] == [("writer", None), ("unpublished", None), ("org/base-model", None)]
+    assert capture_stats()["by_where"] == {"openai.registry": 2}  # only the unreadable state counts
+
+
+def test_state_file_is_read_once_per_change(registry):
+    live = oa.LiveVersions(registry.root)
+    path = registry.root / "writer" / "state.json"
+    assert live.get("writer") == 2
+    # Rewrite in place with the same size and restore the times: to the cache nothing changed.
+    st, state = path.stat(), path.read_text()
+    with open(path, "r+") as f:
+        f.write(state.replace('"current": 2', '"current": 1'))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert json.loads(path.read_text())["current"] == 1 and live.get("writer") == 2
+    registry.promote("writer", 3)
+    assert live.get("writer") == 3
