@@ -28,6 +28,14 @@ What becomes what:
   provenance along through their own action. Functional-API ``@task`` calls (``accept_push``)
   are agents named after the task, at the caller's step, depending on the caller's inputs and
   on what the caller had seen finish when it started them.
+- Runs on a checkpointed thread read what earlier runs there wrote. Runs that join one episode
+  keep that provenance per (``thread_id``, ``checkpoint_ns``), so a later run depends on the
+  earlier runs' actions as if it were one run; on ``Command(resume=...)`` the interrupted step's
+  tasks keep their inputs, and those that had finished are not recorded again. A channel a
+  captured run did not write since (``update_state``, ``Command(update=...)``) loses its old
+  provenance unless it accumulates. A run that is an episode of its own starts without history:
+  the earlier writers are in other episodes, and there are no edges across episodes. The history
+  belongs to the episode's recorder and goes with it.
 
 Capture never breaks the app: every hook runs under ``recording.guarded`` (errors logged and
 counted in ``recording.capture_stats()``), and episodes are written through ``store.submit``.
@@ -38,6 +46,7 @@ from __future__ import annotations
 import contextvars
 import json
 import threading
+import weakref
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -51,6 +60,8 @@ from . import openai as oa
 _PUSH = "__pregel_push"
 _TASKS = "__pregel_tasks"
 _ERROR = "__error__"
+# The value an entrypoint saved on its thread (functional API): every task is handed it.
+_PREVIOUS = "__previous__"
 # Channel types whose value accumulates every write (so provenance accumulates too).
 _ACCUMULATING = {"BinaryOperatorAggregate", "Topic", "NamedBarrierValue", "NamedBarrierValueAfterFinish"}
 _ENV_OUTPUT_CHARS = 4000
@@ -64,6 +75,9 @@ _CAPTURE_HANDLER: contextvars.ContextVar[CaptureHandler | None] = contextvars.Co
 # Task ids are unique per checkpoint, namespace and step, so one registry serves every run.
 _TASK_INDEX: dict[str, _Task] = {}
 _CALLS: dict[UUID, _Call] = {}
+# What runs that join an episode share, by episode. Weak keys: it goes with its recorder.
+_SCOPES: weakref.WeakKeyDictionary[EpisodeRecorder, _Scope] = weakref.WeakKeyDictionary()
+_SCOPES_LOCK = threading.Lock()
 
 
 # -- records of one run --------------------------------------------------------------------------
@@ -97,7 +111,7 @@ class _Task:
 class _LoopState:
     """Provenance of one Pregel loop's channels (a root graph or a subgraph)."""
 
-    __slots__ = ("loop", "run", "parent", "prov", "sends", "seen")
+    __slots__ = ("loop", "run", "parent", "prov", "sends", "seen", "resumed")
 
     def __init__(self, loop: Any, run: _Run, parent: _Task | None):
         self.loop = loop
@@ -106,11 +120,47 @@ class _LoopState:
         self.prov: dict[str, frozenset[str]] = {}
         self.sends: dict[int, tuple[Any, frozenset[str]]] = {}  # id(Send.arg) -> (Send, provenance)
         self.seen: set[str] = set()
+        self.resumed: dict[str, tuple[frozenset[str], list[str]]] = {}  # see _ThreadHistory.stopped
 
     def output_provenance(self) -> frozenset[str]:
         keys = self.loop.output_keys
         keys = [keys] if isinstance(keys, str) else keys
         return frozenset().union(*(self.prov.get(k, frozenset()) for k in keys))
+
+
+class _ThreadHistory:
+    """What a run leaves on a checkpointed thread for the next run of the same episode there: the
+    provenance of its channels, their versions then, and the tasks of the step it stopped in
+    (interrupted or failed): id -> (deps, actions). Those run again on resume, with the same
+    inputs, or hand back the writes they saved."""
+
+    __slots__ = ("prov", "versions", "stopped")
+
+    def __init__(self, st: _LoopState):
+        self.prov = st.prov
+        self.versions = dict(st.loop.checkpoint["channel_versions"])
+        self.stopped = {tid: (t.deps, list(t.actions)) for tid in st.loop.tasks
+                        if (t := _TASK_INDEX.get(tid)) is not None}
+
+
+class _Scope:
+    """What the runs that join one episode share: recording order (depends_on lists stay in it
+    across runs) and each checkpointed thread's history, by (thread_id, checkpoint_ns)."""
+
+    __slots__ = ("lock", "order", "threads")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.order: dict[str, int] = {}
+        self.threads: dict[tuple[str, str], _ThreadHistory] = {}
+
+
+def _scope(rec: EpisodeRecorder) -> _Scope:
+    with _SCOPES_LOCK:
+        scope = _SCOPES.get(rec)
+        if scope is None:
+            scope = _SCOPES[rec] = _Scope()
+        return scope
 
 
 class _Run:
@@ -122,8 +172,10 @@ class _Run:
         self.owned = owned
         self.input = task_input
         self.base: int | None = None
-        self.lock = threading.Lock()
-        self.order: dict[str, int] = {}
+        # A run that owns its episode shares it with no other run: it needs no scope.
+        self.scope = None if owned else _scope(recorder)
+        self.lock = self.scope.lock if self.scope else threading.Lock()
+        self.order: dict[str, int] = self.scope.order if self.scope else {}
         self.task_ids: list[str] = []
         self.finished = False
 
@@ -279,8 +331,7 @@ class CaptureHandler:
         if parent is not None:
             st = _LoopState(loop, parent.run, parent)
             parent.children.append(st)
-            return st
-        if self.run is None:  # capture(): every root graph run is a run of its own
+        elif self.run is None:  # capture(): every root graph run is a run of its own
             run = self.new_run(loop.input)
             st = _LoopState(loop, run, None)
             loop.__dict__["_marft_owns_run"] = run
@@ -288,8 +339,50 @@ class CaptureHandler:
             return None  # a second root loop under one instrumented call: not ours
         else:
             st = _LoopState(loop, self.run, None)
-        st.run.base = st.run.recorder.max_step() or 0
+        if parent is None:
+            st.run.base = st.run.recorder.max_step() or 0
+        _restore_history(st)
         return st
+
+
+# -- checkpointed threads: provenance from earlier runs of the same episode -----------------------
+# A run on a checkpointed thread reads what earlier runs there wrote. Inside one episode it depends
+# on them as if it were one run; a run that is its episode of its own starts without history (the
+# earlier writers are in other episodes: no edges across episodes).
+
+
+def _thread_key(st: _LoopState) -> tuple[str, str] | None:
+    """Where the loop's channels and the run's episode both outlive the run: (thread_id, checkpoint_ns)."""
+    loop = st.loop
+    conf = loop.config.get("configurable") or {}
+    if st.run.scope is None or loop.checkpointer is None or conf.get("thread_id") is None:
+        return None
+    return str(conf["thread_id"]), conf.get("checkpoint_ns") or ""
+
+
+def _restore_history(st: _LoopState) -> None:
+    key = _thread_key(st)
+    # Taken, not read: the loop leaves its own history when it exits (a finished subgraph none).
+    hist = st.run.scope.threads.pop(key, None) if key else None
+    if hist is None:
+        return
+    versions, channels = st.loop.checkpoint["channel_versions"], st.loop.channels
+    # A plain channel changed since (update_state, Command(update=...), an uncaptured run) no
+    # longer holds what the recorded actions wrote; an accumulating one still holds it too.
+    st.prov = {ch: p for ch, p in hist.prov.items()
+               if versions.get(ch) == hist.versions.get(ch) or type(channels.get(ch)).__name__ in _ACCUMULATING}
+    st.resumed = hist.stopped
+
+
+def _save_history(st: _LoopState, exc: BaseException | None) -> None:
+    key = _thread_key(st)
+    if key is None or st.run.recorder.closed:
+        return
+    from langgraph.errors import GraphInterrupt
+
+    # A subgraph's namespace names its parent task: only resuming that interrupted task reruns it.
+    if st.parent is None or isinstance(exc, GraphInterrupt):
+        st.run.scope.threads[key] = _ThreadHistory(st)
 
 
 def _task_id(ns: str | None) -> str | None:
@@ -466,7 +559,10 @@ def _register_tasks(st: _LoopState) -> None:
             continue
         st.seen.add(task.id)
         internal = task.name.startswith("__")
-        if internal:
+        resumed = st.resumed.get(task.id)
+        if resumed is not None:
+            deps = resumed[0]  # a task of the step an earlier run stopped in: the same inputs
+        elif internal:
             deps = parent.deps if parent is not None else frozenset()
         elif task.path and task.path[0] == _PUSH:
             sent = st.sends.get(id(task.input))
@@ -476,7 +572,7 @@ def _register_tasks(st: _LoopState) -> None:
             node = loop.nodes.get(task.name)
             chans = getattr(node, "channels", None) or []
             chans = [chans] if isinstance(chans, str) else list(chans)
-            deps = frozenset().union(*(st.prov.get(c, frozenset()) for c in (*chans, *task.triggers)))
+            deps = frozenset().union(*(st.prov.get(c, frozenset()) for c in (*chans, *task.triggers, _PREVIOUS)))
         meta = task.config.get("metadata") or {}
         name = str(meta.get("agent_name") or task.name)
         if parent is not None:
@@ -484,7 +580,9 @@ def _register_tasks(st: _LoopState) -> None:
         else:
             agent, step, lg_steps = name, (run.base or 0) + loop.step, [loop.step]
         ns = meta.get("langgraph_checkpoint_ns") or task.id
-        _TASK_INDEX[task.id] = _Task(task.id, run, agent, task.name, step, lg_steps, ns, deps, internal)
+        t = _TASK_INDEX[task.id] = _Task(task.id, run, agent, task.name, step, lg_steps, ns, deps, internal)
+        if resumed is not None and task.writes:
+            t.actions.extend(resumed[1])  # it had finished: its saved writes come back, it does not run again
         run.task_ids.append(task.id)
 
 
@@ -620,13 +718,13 @@ def _patch_pregel() -> None:
         try:
             return sync_exit(self, exc_type, exc, tb)
         finally:
-            _finish_owned(self, exc)
+            _loop_exited(self, exc)
 
     async def hooked_aexit(self: Any, exc_type: Any, exc: Any, tb: Any) -> Any:
         try:
             return await async_exit(self, exc_type, exc, tb)
         finally:
-            _finish_owned(self, exc)
+            _loop_exited(self, exc)
 
     _patched.update(tick=tick, after_tick=after_tick, accept_push=accept_push, exit=sync_exit, aexit=async_exit)
     cls.tick, cls.after_tick, cls.accept_push = hooked_tick, hooked_after_tick, hooked_accept_push
@@ -634,10 +732,13 @@ def _patch_pregel() -> None:
     _patch_langchain()
 
 
-def _finish_owned(loop: Any, exc: BaseException | None) -> None:
+def _loop_exited(loop: Any, exc: BaseException | None) -> None:
     d = loop.__dict__
-    if d.get("_marft"):
+    st = d.get("_marft")
+    if st:
         d["_marft"] = False  # cuts the loop <-> state cycle; the loop has ended
+        with guarded("langgraph.history", st.run.recorder):
+            _save_history(st, exc)
     run = d.pop("_marft_owns_run", None)
     if run is not None:
         with guarded("langgraph.finish", run.recorder):
