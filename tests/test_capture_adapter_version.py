@@ -17,7 +17,7 @@ from marft_bridge.adapters import openai as oa
 from marft_bridge.recording import capture_stats, reset_capture_stats
 from marft_bridge.serving import AdapterRegistry, VLLMPublisher
 from marft_bridge.serving.fixtures import make_random_adapter
-from test_capture_openai import VERSIONS, server, store, two_agents  # noqa: F401 - fixture reuse
+from test_capture_openai import VERSIONS, server, two_agents  # noqa: F401 - fixture reuse
 
 AGENTS = ("writer", "reviewer", "planner")  # writer, reviewer: vLLM; planner: our server (says 3)
 
@@ -49,23 +49,23 @@ def _fresh_capture():
     oa.use_registry(None)
 
 
-def served(store, episode_id: str) -> list[tuple]:
-    store.flush()
+def served(sqlite_store, episode_id: str) -> list[tuple]:
+    sqlite_store.flush()
     return [(a.agent, a.policy.version, a.metadata.get("adapter_version_source"), a.token_source)
-            for a in store.get_episode(episode_id).actions]
+            for a in sqlite_store.get_episode(episode_id).actions]
 
 
 @pytest.mark.parametrize("asynchronous, streaming", [(False, False), (True, False), (False, True), (True, True)])
-def test_chatopenai_graph_records_the_live_registry_version(server, store, registry, asynchronous, streaming):
+def test_chatopenai_graph_records_the_live_registry_version(server, sqlite_store, registry, asynchronous, streaming):
     httpd, url = server
-    oa.use_registry(registry.root)
-    app = mb.instrument(two_agents(url, asynchronous, streaming, agents=("writer", "reviewer")), store=store)
+    app = mb.instrument(two_agents(url, asynchronous, streaming, agents=("writer", "reviewer")), store=sqlite_store,
+                        registry=registry.root)
 
     def run() -> list[tuple]:
         q = {"q": "what?"}
         out = asyncio.run(app.ainvoke(q)) if asynchronous else app.invoke(q)
         assert out["code"] == "reviewer answer to writer answer to what?"
-        return served(store, app.last_episode_id)
+        return served(sqlite_store, app.last_episode_id)
 
     assert run() == [("writer", 2, "registry", "server"), ("reviewer", 2, "registry", "server")]
     registry.promote("writer", 3, publisher=VLLMPublisher(url))
@@ -93,52 +93,52 @@ def ask(url: str, model: str, stream: bool = False) -> str:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_openai_client_records_the_live_registry_version(server, store, registry, stream):
+def test_openai_client_records_the_live_registry_version(server, sqlite_store, registry, stream):
     _, url = server
     oa.use_registry(str(registry.root))
-    with mb.episode(store=store) as ep:
+    with mb.episode(store=sqlite_store) as ep:
         assert ask(url, "writer", stream) == "writer answer to x"
         registry.promote("writer", 3)
         assert ask(url, "writer", stream) == "writer answer to x"
-    assert served(store, ep.id) == [("writer", 2, "registry", "retokenize"), ("writer", 3, "registry", "retokenize")]
+    assert served(sqlite_store, ep.id) == [("writer", 2, "registry", "retokenize"), ("writer", 3, "registry", "retokenize")]
 
 
-def test_a_stream_records_the_version_live_when_it_opened(server, store, registry):
+def test_a_stream_records_the_version_live_when_it_opened(server, sqlite_store, registry):
     _, url = server
     oa.use_registry(registry.root)
-    with mb.episode(store=store) as ep:
+    with mb.episode(store=sqlite_store) as ep:
         stream = client(url).chat.completions.create(model="writer", messages=[{"role": "user", "content": "x"}],
                                                      stream=True)
         registry.promote("writer", 3)  # while the stream is read
         assert text(stream, True) == "writer answer to x"
-    assert served(store, ep.id) == [("writer", 2, "registry", "retokenize")]
+    assert served(sqlite_store, ep.id) == [("writer", 2, "registry", "retokenize")]
 
 
-def test_the_servers_adapter_version_wins(server, store, registry):
+def test_the_servers_adapter_version_wins(server, sqlite_store, registry):
     _, url = server
     oa.use_registry(registry)  # an AdapterRegistry works as well as its root
-    with mb.episode(store=store) as ep:
+    with mb.episode(store=sqlite_store) as ep:
         assert ask(url, "planner") == "planner answer to x"
     assert registry.current("planner") == 2
-    assert served(store, ep.id) == [("planner", VERSIONS["planner"], "server", "retokenize")]
+    assert served(sqlite_store, ep.id) == [("planner", VERSIONS["planner"], "server", "retokenize")]
 
 
-def test_missing_or_unreadable_registry_leaves_the_version_unknown(server, store, registry, tmp_path):
+def test_missing_or_unreadable_registry_leaves_the_version_unknown(server, sqlite_store, registry, tmp_path):
     _, url = server
     oa.use_registry(tmp_path / "no-registry")
-    with mb.episode(store=store) as ep:
+    with mb.episode(store=sqlite_store) as ep:
         assert ask(url, "writer") == "writer answer to x"
-    assert served(store, ep.id) == [("writer", None, None, "retokenize")]
+    assert served(sqlite_store, ep.id) == [("writer", None, None, "retokenize")]
     assert capture_stats()["by_where"] == {"openai.registry": 1}
     assert not (tmp_path / "no-registry").exists()  # reading never creates a registry
 
     oa.use_registry(registry.root)
     (registry.root / "writer" / "state.json").write_text("{not json")
-    with mb.episode(store=store) as ep:
+    with mb.episode(store=sqlite_store) as ep:
         assert ask(url, "writer") == "writer answer to x"
         assert ask(url, "unpublished") == "unpublished answer to x"  # an agent the registry does not manage
         assert ask(url, "org/base-model") == "org/base-model answer to x"  # not an adapter name at all
-    assert [a[:2] for a in served(store, ep.id)] == [("writer", None), ("unpublished", None), ("org/base-model", None)]
+    assert [a[:2] for a in served(sqlite_store, ep.id)] == [("writer", None), ("unpublished", None), ("org/base-model", None)]
     assert capture_stats()["by_where"] == {"openai.registry": 2}  # only the unreadable state counts
 
 

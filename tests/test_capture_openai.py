@@ -3,7 +3,7 @@
 The server returns ``choices[].token_ids``, top-level ``prompt_token_ids`` and per-token
 ``logprobs``; for the models in ``VERSIONS`` it answers like our serving layer, with
 ``"adapter": {"name", "version"}``, for the others like vLLM, which says nothing about the adapter
-version. Capture must store them exactly, also through ``langchain_openai.ChatOpenAI`` (which drops
+version. Capture must sqlite_store them exactly, also through ``langchain_openai.ChatOpenAI`` (which drops
 ``token_ids`` itself). It also accepts vLLM's ``/v1/load_lora_adapter`` (requests kept in ``loaded``).
 """
 
@@ -21,7 +21,6 @@ from langgraph.graph import END, START, StateGraph
 from openai import AsyncOpenAI, OpenAI
 
 import marft_bridge as mb
-from marft_bridge.store import TraceStore
 
 VERSIONS = {"planner": 3, "coder": 7}  # served by `marft serve`; other models by vLLM
 LOGPROBS = [-0.123456789012345, -1.5, -0.000244140625, -2.718281828459045]
@@ -132,13 +131,6 @@ def server():
     httpd.server_close()
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = TraceStore.open(tmp_path / "traces.db")
-    yield s
-    s.close()
-
-
 @pytest.fixture(autouse=True)
 def _no_proxy(monkeypatch):
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
@@ -198,27 +190,27 @@ def check_exact(ep, server_requests):
     assert coder.observation.messages[0].content == "planner answer to what?"
 
 
-def test_chatopenai_token_ids_and_logprobs_stored_exactly(server, store):
+def test_chatopenai_token_ids_and_logprobs_stored_exactly(server, sqlite_store):
     httpd, url = server
     httpd.requests.clear()
-    app = mb.instrument(two_agents(url), store=store)
+    app = mb.instrument(two_agents(url), store=sqlite_store)
     out = app.invoke({"q": "what?"})
     assert out["code"] == "coder answer to planner answer to what?"
     assert all(r["return_token_ids"] is True and r["logprobs"] is True for r in httpd.requests)
-    store.flush()
-    check_exact(store.get_episode(app.last_episode_id), httpd.requests)
+    sqlite_store.flush()
+    check_exact(sqlite_store.get_episode(app.last_episode_id), httpd.requests)
 
 
-def test_chatopenai_async_graph(server, store):
+def test_chatopenai_async_graph(server, sqlite_store):
     httpd, url = server
     httpd.requests.clear()
-    app = mb.instrument(two_agents(url, asynchronous=True), store=store)
+    app = mb.instrument(two_agents(url, asynchronous=True), store=sqlite_store)
     asyncio.run(app.ainvoke({"q": "what?"}))
-    store.flush()
-    check_exact(store.get_episode(app.last_episode_id), httpd.requests)
+    sqlite_store.flush()
+    check_exact(sqlite_store.get_episode(app.last_episode_id), httpd.requests)
 
 
-def test_direct_openai_client_inside_a_node(server, store):
+def test_direct_openai_client_inside_a_node(server, sqlite_store):
     _, url = server
     client = OpenAI(base_url=url, api_key="test", max_retries=0)
     critic = token_model(url, "planner")
@@ -233,10 +225,10 @@ def test_direct_openai_client_inside_a_node(server, store):
     g.add_node("critic", lambda s: {"code": critic.invoke(s["plan"]).content})
     g.add_edge(START, "author")
     g.add_edge("author", "critic")
-    app = mb.instrument(g.compile(), store=store)
+    app = mb.instrument(g.compile(), store=sqlite_store)
     app.invoke({"q": "hi"})
-    store.flush()
-    author, crit = store.get_episode(app.last_episode_id).actions
+    sqlite_store.flush()
+    author, crit = sqlite_store.get_episode(app.last_episode_id).actions
     assert (author.agent, author.kind, author.policy.version) == ("author", "llm", VERSIONS["coder"])
     assert author.output.token_ids == reply({"model": "coder", "messages": [{"content": "hi"}],
                                              "return_token_ids": True})["choices"][0]["token_ids"]
@@ -244,31 +236,31 @@ def test_direct_openai_client_inside_a_node(server, store):
     assert crit.depends_on == [author.id]
 
 
-def test_plain_client_inside_episode_uses_message_flow(server, store):
+def test_plain_client_inside_episode_uses_message_flow(server, sqlite_store):
     _, url = server
     client = OpenAI(base_url=url, api_key="test", max_retries=0)
-    with mb.episode(store=store, task="relay") as ep:
+    with mb.episode(store=sqlite_store, task="relay") as ep:
         first = client.chat.completions.create(model="planner", messages=[{"role": "user", "content": "start"}])
         text = first.choices[0].message.content
         client.chat.completions.create(model="coder", messages=[{"role": "user", "content": f"Plan: {text}"}])
         client.chat.completions.create(model="coder", messages=[{"role": "user", "content": "unrelated"}])
-    store.flush()
-    a, b, c = store.get_episode(ep.id).actions
+    sqlite_store.flush()
+    a, b, c = sqlite_store.get_episode(ep.id).actions
     assert [x.agent for x in (a, b, c)] == ["planner", "coder", "coder"]
     assert b.depends_on == [a.id] and c.depends_on == []
     assert a.token_source == "retokenize" and a.output.token_ids is None and a.policy.version == 3
 
 
-def test_token_ids_from_token_id_strings_and_mismatch_dropped(server, store):
+def test_token_ids_from_token_id_strings_and_mismatch_dropped(server, sqlite_store):
     _, url = server
     client = OpenAI(base_url=url, api_key="test", max_retries=0)
-    with mb.episode(store=store) as ep:
+    with mb.episode(store=sqlite_store) as ep:
         client.chat.completions.create(model="planner", messages=[{"role": "user", "content": "x"}], logprobs=True,
                                        extra_body={"return_tokens_as_token_ids": True})
         client.chat.completions.create(model="broken", messages=[{"role": "user", "content": "y"}], logprobs=True,
                                        extra_body={"return_token_ids": True})
-    store.flush()
-    a, b = store.get_episode(ep.id).actions
+    sqlite_store.flush()
+    a, b = sqlite_store.get_episode(ep.id).actions
     seed = sum(map(ord, "planner")) % 97
     assert a.output.token_ids == [seed, seed + 1, seed + 2, seed + 3] and a.output.logprobs == LOGPROBS
     assert b.output.token_ids is None and b.token_source == "retokenize"
@@ -276,71 +268,71 @@ def test_token_ids_from_token_id_strings_and_mismatch_dropped(server, store):
     assert b.policy.name == "broken" and b.policy.version is None
 
 
-def test_async_client_inside_episode(server, store):
+def test_async_client_inside_episode(server, sqlite_store):
     _, url = server
 
     async def main():
         client = AsyncOpenAI(base_url=url, api_key="test", max_retries=0)
-        with mb.episode(store=store) as ep:
+        with mb.episode(store=sqlite_store) as ep:
             await client.chat.completions.create(model="coder", messages=[{"role": "user", "content": "z"}],
                                                  logprobs=True, extra_body={"return_token_ids": True})
         return ep
 
     ep = asyncio.run(main())
-    store.flush()
-    (a,) = store.get_episode(ep.id).actions
+    sqlite_store.flush()
+    (a,) = sqlite_store.get_episode(ep.id).actions
     assert a.output.logprobs == LOGPROBS and a.policy.version == 7 and a.token_source == "server"
 
 
-def test_calls_outside_any_capture_record_nothing(server, store):
+def test_calls_outside_any_capture_record_nothing(server, sqlite_store):
     _, url = server
-    mb.instrument(two_agents(url), store=store)  # installs the client hook
+    mb.instrument(two_agents(url), store=sqlite_store)  # installs the client hook
     OpenAI(base_url=url, api_key="test", max_retries=0).chat.completions.create(
         model="planner", messages=[{"role": "user", "content": "x"}])
     two_agents(url).invoke({"q": "x"})
-    store.flush()
-    assert store.count() == 0
+    sqlite_store.flush()
+    assert sqlite_store.count() == 0
 
 
 # -- streaming (vLLM-shaped chunks) ---------------------------------------------------------------
 
 
-def test_streaming_chatopenai_graph_stored_exactly(server, store):
+def test_streaming_chatopenai_graph_stored_exactly(server, sqlite_store):
     httpd, url = server
     httpd.requests.clear()
-    app = mb.instrument(two_agents(url, streaming=True), store=store)
+    app = mb.instrument(two_agents(url, streaming=True), store=sqlite_store)
     out = app.invoke({"q": "what?"})
     assert out["code"] == "coder answer to planner answer to what?"
     assert all(r["stream"] is True for r in httpd.requests) and len(httpd.requests) == 2
-    store.flush()
-    ep = store.get_episode(app.last_episode_id)
+    sqlite_store.flush()
+    ep = sqlite_store.get_episode(app.last_episode_id)
     check_exact(ep, httpd.requests)
     assert [a.output.finish_reason for a in ep.actions] == ["stop", "stop"]
 
 
-def test_streaming_async_chatopenai_graph_stored_exactly(server, store):
+def test_streaming_async_chatopenai_graph_stored_exactly(server, sqlite_store):
     httpd, url = server
     httpd.requests.clear()
-    app = mb.instrument(two_agents(url, asynchronous=True, streaming=True), store=store)
+    app = mb.instrument(two_agents(url, asynchronous=True, streaming=True), store=sqlite_store)
     asyncio.run(app.ainvoke({"q": "what?"}))
-    store.flush()
-    check_exact(store.get_episode(app.last_episode_id), httpd.requests)
+    sqlite_store.flush()
+    check_exact(sqlite_store.get_episode(app.last_episode_id), httpd.requests)
 
 
-def test_streaming_with_raw_response_headers(server, store):
+def test_streaming_with_raw_response_headers(server, sqlite_store):
     httpd, url = server
     httpd.requests.clear()
     model = token_model(url, "planner", streaming=True, include_response_headers=True)  # with_raw_response inside
     app = mb.instrument(StateGraph(S).add_node("planner", lambda s: {"plan": model.invoke(s["q"]).content})
-                        .add_edge(START, "planner").compile(), store=store)
+                        .add_edge(START, "planner").compile(), store=sqlite_store)
     assert app.invoke({"q": "what?"})["plan"] == "planner answer to what?"
-    store.flush()
-    (a,) = store.get_episode(app.last_episode_id).actions
+    sqlite_store.flush()
+    (a,) = sqlite_store.get_episode(app.last_episode_id).actions
     assert a.output.token_ids == reply(httpd.requests[0])["choices"][0]["token_ids"] and a.output.logprobs == LOGPROBS
     assert a.token_source == "server" and a.policy.version == VERSIONS["planner"]
 
 
-def test_streamed_token_data_that_does_not_line_up_is_dropped_with_the_reason(server, store):
+def test_streamed_token_data_that_does_not_line_up_is_dropped_with_the_reason(server, sqlite_store):
     _, url = server
     client = OpenAI(base_url=url, api_key="test", max_retries=0)
 
@@ -349,12 +341,12 @@ def test_streamed_token_data_that_does_not_line_up_is_dropped_with_the_reason(se
                                            logprobs=True, extra_body=extra)
         return "".join(c.choices[0].delta.content or "" for c in s if c.choices)
 
-    with mb.episode(store=store) as ep:
+    with mb.episode(store=sqlite_store) as ep:
         stream("misaligned", return_token_ids=True)
         stream("broken", return_token_ids=True)
         stream("planner", return_tokens_as_token_ids=True)
-    store.flush()
-    mis, broken, planner = store.get_episode(ep.id).actions
+    sqlite_store.flush()
+    mis, broken, planner = sqlite_store.get_episode(ep.id).actions
     for a in (mis, broken):
         assert a.output.token_ids is None and a.output.logprobs is None and a.token_source == "retokenize"
         assert a.output.text == f"{a.agent} answer to {a.agent}"
@@ -365,14 +357,14 @@ def test_streamed_token_data_that_does_not_line_up_is_dropped_with_the_reason(se
     assert planner.token_source == "server" and planner.policy.version == VERSIONS["planner"]
 
 
-def test_streamed_tool_call_pieces_are_joined(server, store):
+def test_streamed_tool_call_pieces_are_joined(server, sqlite_store):
     _, url = server
     client = OpenAI(base_url=url, api_key="test", max_retries=0)
-    with mb.episode(store=store) as ep:
+    with mb.episode(store=sqlite_store) as ep:
         chunks = list(client.chat.completions.create(model="tooler", messages=[{"role": "user", "content": "find"}],
                                                      stream=True))
     assert len(chunks) == 3
-    store.flush()
-    (a,) = store.get_episode(ep.id).actions
+    sqlite_store.flush()
+    (a,) = sqlite_store.get_episode(ep.id).actions
     assert a.output.tool_calls == [TOOL_CALL] and a.output.finish_reason == "tool_calls" and a.output.text == ""
     assert a.metadata["stream_chunks"] == 3

@@ -907,16 +907,18 @@ class _Instrumentation:
 
 
 def instrument(app: Any, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
-               source: str = "langgraph") -> Any:
+               source: str = "langgraph", registry: Any = None) -> Any:
     """Capture every run of a compiled LangGraph graph as an Episode; returns the same object.
 
     ``store``: a ``TraceStore`` (default ``TraceStore.open()``). ``reward_fn(inputs, outputs)``
-    returns a team reward per run. Calling it again on an instrumented app updates the settings.
+    returns a team reward per run. ``registry``: the adapter registry (root or ``AdapterRegistry``)
+    the deployment publishes from; responses that name no adapter version (vLLM's) record the
+    registry's live one (process-wide, ``adapters.openai.use_registry``). Calling it again on an
+    instrumented app updates the settings.
     """
     if not all(callable(getattr(app, m, None)) for m in _METHODS):
         raise TypeError(f"instrument() needs a compiled LangGraph graph, got {type(app).__name__}")
-    _patch_pregel()
-    oa.install()
+    _install_hooks(registry)
     cur = app.__dict__.get("_marft_instrumentation")
     if cur is not None:
         cur.store, cur.reward_fn, cur.source = store, reward_fn, source
@@ -926,6 +928,13 @@ def instrument(app: Any, store: Any = None, reward_fn: Callable[[Any, Any], floa
     app.__dict__["_marft_instrumentation"] = inst
     app.__dict__.setdefault("last_episode_id", None)
     return app
+
+
+def _install_hooks(registry: Any) -> None:
+    _patch_pregel()
+    oa.install()
+    if registry is not None:
+        oa.use_registry(registry)
 
 
 def uninstrument(app: Any) -> Any:
@@ -946,8 +955,9 @@ class capture:
     """
 
     def __init__(self, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
-                 source: str = "langgraph"):
+                 source: str = "langgraph", registry: Any = None):
         self.handler = CaptureHandler(store, reward_fn, source, on_finish=self._done)
+        self.registry = registry  # as in instrument()
         self.episode_ids: list[str] = []
         self._token: Any = None
 
@@ -955,8 +965,7 @@ class capture:
         self.episode_ids.append(rec.id)
 
     def __enter__(self) -> capture:
-        _patch_pregel()
-        oa.install()
+        _install_hooks(self.registry)
         self._token = _CAPTURE_HANDLER.set(self.handler)
         return self
 
