@@ -26,8 +26,11 @@ What becomes what:
   parent task's inputs, and the parent's writes carry the subgraph's output provenance. Model
   calls later in the same node also depend on the node's earlier calls. Env nodes pass
   provenance along through their own action. Functional-API ``@task`` calls (``accept_push``)
-  are agents named after the task, at the caller's step, depending on the caller's inputs and
-  on what the caller had seen finish when it started them.
+  are agents named after the task, at the caller's step. A task's output reaches its caller
+  through its future, which the capture hands over noting reads (``.result()``, ``await``): a
+  task, or a model call of the entrypoint or task itself, depends on the caller's inputs, its
+  earlier calls and the results it had read before starting it; a result never read gives no
+  edge. A task that calls no model is recorded as an env action when its result is read.
 - Runs on a checkpointed thread read what earlier runs there wrote. Runs that join one episode
   keep that provenance per (``thread_id``, ``checkpoint_ns``), so a later run depends on the
   earlier runs' actions as if it were one run; on ``Command(resume=...)`` the interrupted step's
@@ -43,7 +46,10 @@ counted in ``recording.capture_stats()``), and episodes are written through ``st
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextvars
+import functools
 import json
 import threading
 import weakref
@@ -87,7 +93,7 @@ class _Task:
     """One LangGraph task (a node execution) of a captured run."""
 
     __slots__ = ("id", "run", "agent", "node", "step", "lg_steps", "ns", "deps", "actions", "children", "internal",
-                 "calls", "started", "pushed", "pusher")
+                 "calls", "started", "pushed", "pusher", "received")
 
     def __init__(self, id: str, run: _Run, agent: str, node: str, step: int, lg_steps: list[int], ns: str,
                  deps: frozenset[str], internal: bool):
@@ -106,6 +112,7 @@ class _Task:
         self.started = utcnow()
         self.pushed: list[_Task] = []  # functional-API tasks this task started (``@task`` calls)
         self.pusher: _Task | None = None
+        self.received: set[_Task] = set()  # those of them whose result it has read
 
 
 class _LoopState:
@@ -209,7 +216,7 @@ class _Run:
         for tid in self.task_ids:
             t = _TASK_INDEX.pop(tid, None)
             if t is not None:
-                t.children, t.pushed, t.pusher = [], [], None
+                t.children, t.pushed, t.received, t.pusher = [], [], set(), None
         if _CALLS:  # model calls that never ended (an abandoned stream): forget them
             for rid in [rid for rid, c in list(_CALLS.items()) if c.task.run is self]:
                 _CALLS.pop(rid, None)
@@ -407,7 +414,7 @@ def _start_calls(manager: Any, serialized: dict, messages: list, managers: list,
     single = len(managers) == 1
     for msgs, rm in zip(messages, managers):
         with task.run.lock:
-            deps = task.deps | frozenset(task.actions)
+            deps = _seen(task)
             task.calls += 1
         sink = oa.RawCall()
         token = oa.RAW_SINK.set(sink) if single else None  # the raw response pairs with a lone call only
@@ -586,33 +593,167 @@ def _register_tasks(st: _LoopState) -> None:
         run.task_ids.append(task.id)
 
 
+# -- functional API: ``@task`` calls and the results the caller reads -----------------------------
+# A task's output reaches its caller only through its future (``.result()`` / ``await``), so the
+# capture hands the caller a future that notes the read. What a task or model call then depends on
+# is what its caller had read before starting it, not what happened to have finished.
+
+
+def _seen(t: _Task) -> frozenset[str]:
+    """What a task's next action starts from: its inputs, its own actions, the results it read.
+    Under the run's lock."""
+    deps = t.deps | frozenset(t.actions)
+    return deps.union(*(_result(r) for r in t.received)) if t.received else deps
+
+
+def _result(t: _Task) -> frozenset[str]:
+    """Provenance of what a ``@task`` (or an entrypoint) hands back: its own actions, the results
+    it read and the output of graphs it ran; its inputs when none of these could be recorded."""
+    out = frozenset(t.actions).union(*(_result(r) for r in t.received),
+                                     *(c.output_provenance() for c in t.children))
+    return t.deps if not out and (t.calls or t.children) else out
+
+
+class _Push:
+    """One ``@task`` call of a captured task: filled in when LangGraph schedules it."""
+
+    __slots__ = ("caller", "task", "writes")
+
+    def __init__(self, caller: _Task):
+        self.caller = caller
+        self.task: _Task | None = None
+        self.writes: Any = ()
+
+
+# The ``@task`` call being scheduled in this context (LangGraph schedules async ones in a task
+# that copies the caller's context).
+_PUSHING: contextvars.ContextVar[_Push | None] = contextvars.ContextVar("marft_langgraph_push", default=None)
+
+
 def _register_pushed(st: _LoopState, caller: Any, pushed: Any) -> None:
     """A functional-API ``@task`` started by a running task: an agent of its own (its name) at the
-    caller's step. Its arguments come from the caller, so it depends on the caller's inputs and on
-    everything the caller had seen finish (its own calls and earlier tasks) when it started it."""
+    caller's step. Its arguments come from the caller, so it depends on what the caller had seen
+    when it started it: its inputs, its own calls and the results of tasks it had read."""
     parent = _TASK_INDEX.get(caller.id)
-    if parent is None or pushed.id in st.seen:
+    if parent is None:
         return
-    st.seen.add(pushed.id)
-    with parent.run.lock:
-        deps = parent.deps | frozenset(parent.actions).union(*(p.actions for p in parent.pushed))
-    meta = pushed.config.get("metadata") or {}
-    name = str(meta.get("agent_name") or pushed.name)
-    agent = f"{parent.agent.rpartition('/')[0]}/{name}" if "/" in parent.agent else name
-    t = _Task(pushed.id, parent.run, agent, pushed.name, parent.step, parent.lg_steps,
-              meta.get("langgraph_checkpoint_ns") or pushed.id, deps, False)
-    t.pusher = parent
-    parent.pushed.append(t)
-    _TASK_INDEX[pushed.id] = t
-    parent.run.task_ids.append(pushed.id)
+    if pushed.id not in st.seen:
+        st.seen.add(pushed.id)
+        resumed = st.resumed.get(pushed.id)
+        if resumed is not None:
+            deps = resumed[0]  # started before the interrupt this run resumes: the same inputs
+        else:
+            with parent.run.lock:
+                deps = _seen(parent)
+        meta = pushed.config.get("metadata") or {}
+        name = str(meta.get("agent_name") or pushed.name)
+        agent = f"{parent.agent.rpartition('/')[0]}/{name}" if "/" in parent.agent else name
+        t = _Task(pushed.id, parent.run, agent, pushed.name, parent.step, parent.lg_steps,
+                  meta.get("langgraph_checkpoint_ns") or pushed.id, deps, False)
+        if resumed is not None and pushed.writes:
+            t.actions.extend(resumed[1])  # it had finished: its saved result comes back, it does not run again
+        t.pusher = parent
+        parent.pushed.append(t)
+        _TASK_INDEX[pushed.id] = t
+        parent.run.task_ids.append(pushed.id)
+    push = _PUSHING.get()
+    if push is not None and push.caller is parent:
+        push.task, push.writes = _TASK_INDEX.get(pushed.id), pushed.writes
 
 
-def _task_output(st: _LoopState, task: Any, t: _Task, outputs: dict[str, frozenset[str]]) -> frozenset[str]:
+def _read(push: _Push) -> None:
+    """The caller got a ``@task``'s result. A task that called no model is recorded now, as an
+    env action, so what the caller does next can depend on it."""
+    t, caller = push.task, push.caller
+    if t is None:
+        return
+    with caller.run.lock:
+        if t in caller.received:
+            return
+        caller.received.add(t)
+        env = not (t.actions or t.calls or t.pushed or t.children)
+    if env:
+        _record_env(t, push.writes)
+
+
+def _safe_read(fut: Any) -> None:
+    if fut.done() and not fut.cancelled():
+        try:
+            _read(fut.marft_push)
+        except Exception as e:  # noqa: BLE001 - capture must not break the app
+            capture_error("langgraph.task_result", e)
+
+
+class _TaskFuture(concurrent.futures.Future):
+    """The future a sync ``@task`` call returns, noting when its result is read."""
+
+    marft_push: _Push
+
+    def result(self, timeout: float | None = None) -> Any:
+        try:
+            return super().result(timeout)
+        finally:
+            _safe_read(self)
+
+
+class _AsyncTaskFuture(asyncio.Future):
+    """The future an async ``@task`` call returns, noting when it is awaited or its result read."""
+
+    marft_push: _Push
+
+    def result(self) -> Any:
+        try:
+            return super().result()
+        finally:
+            _safe_read(self)
+
+    def __await__(self) -> Any:
+        try:
+            return (yield from super().__await__())
+        finally:
+            _safe_read(self)
+
+
+def _tracked_call(call: Callable[..., Any], task: Any, func: Any, input: Any, **kw: Any) -> Any:
+    """LangGraph's ``@task`` call (``_runner._call`` / ``_acall``), with a future that notes reads."""
+    caller = _TASK_INDEX.get(getattr(task(), "id", None)) if _TASK_INDEX else None
+    if caller is None:
+        return call(task, func, input, **kw)
+    push = _Push(caller)
+    token = _PUSHING.set(push)
+    try:
+        fut = call(task, func, input, **kw)
+    finally:
+        _PUSHING.reset(token)
+    try:
+        return _chain(fut, push)
+    except Exception as e:  # noqa: BLE001
+        capture_error("langgraph.task_call", e, caller.run.recorder)
+        return fut
+
+
+def _chain(fut: Any, push: _Push) -> Any:
+    from langgraph._internal._future import chain_future
+
+    out = _AsyncTaskFuture(loop=fut.get_loop()) if isinstance(fut, asyncio.Future) else _TaskFuture()
+    out.marft_push = push
+    return chain_future(fut, out)
+
+
+def _record_env(t: _Task, writes: Any) -> None:
+    """A task that called no model: an environment step, recorded (not trained)."""
+    err = next((str(v) for c, v in writes if c == _ERROR), None)
+    out = {c: v for c, v in writes if not c.startswith(("__", "branch:"))}
+    text = json.dumps(out, default=str)[:_ENV_OUTPUT_CHARS] if out else ""
+    t.run.record(t, "env", {"output": {"text": text}, "error": err}, t.deps, t.started)
+
+
+def _task_output(task: Any, t: _Task) -> frozenset[str]:
     if t.internal:
         return t.deps
     if t.pushed:
-        # An entrypoint's result comes from the tasks it called and from its own model calls.
-        return frozenset(t.actions).union(*(outputs.get(p.id, frozenset(p.actions)) for p in t.pushed))
+        # An entrypoint's result comes from the tasks whose results it read and its own model calls.
+        return _result(t)
     if t.children:
         out = frozenset().union(*(c.output_provenance() for c in t.children))
         if out or not t.actions:
@@ -620,11 +761,7 @@ def _task_output(st: _LoopState, task: Any, t: _Task, outputs: dict[str, frozens
     if not t.actions and t.calls:
         return t.deps  # its model calls could not be recorded (counted): pass the inputs on
     if not t.actions:
-        # A node that called no model: an environment step, recorded (not trained).
-        err = next((str(v) for c, v in task.writes if c == _ERROR), None)
-        writes = {c: v for c, v in task.writes if not c.startswith(("__", "branch:"))}
-        text = json.dumps(writes, default=str)[:_ENV_OUTPUT_CHARS] if writes else ""
-        t.run.record(t, "env", {"output": {"text": text}, "error": err}, t.deps, t.started)
+        _record_env(t, task.writes)
     return frozenset(t.actions)
 
 
@@ -632,16 +769,11 @@ def _apply_writes(st: _LoopState) -> None:
     loop = st.loop
     st.sends = {}
     written: set[str] = set()
-    outputs: dict[str, frozenset[str]] = {}
-    # Tasks started by other tasks (functional API) first: their callers' outputs include theirs.
-    tasks = loop.tasks.values()
-    if len(tasks) > 1:
-        tasks = sorted(tasks, key=lambda x: 0 if getattr(_TASK_INDEX.get(x.id), "pusher", None) else 1)
-    for task in tasks:
+    for task in loop.tasks.values():
         t = _TASK_INDEX.get(task.id)
         if t is None:
             continue
-        out = outputs[task.id] = _task_output(st, task, t, outputs)
+        out = _task_output(task, t)
         for ch, val in task.writes:
             if ch == _TASKS:
                 if hasattr(val, "arg"):
@@ -671,7 +803,7 @@ def _patch_pregel() -> None:
     captures pay a dict lookup per superstep and per model call."""
     if _patched:
         return
-    from langgraph.pregel import _loop
+    from langgraph.pregel import _loop, _runner
 
     cls, sync_cls, async_cls = _loop.PregelLoop, _loop.SyncPregelLoop, _loop.AsyncPregelLoop
     tick, after_tick, accept_push = cls.tick, cls.after_tick, cls.accept_push
@@ -726,9 +858,13 @@ def _patch_pregel() -> None:
         finally:
             _loop_exited(self, exc)
 
-    _patched.update(tick=tick, after_tick=after_tick, accept_push=accept_push, exit=sync_exit, aexit=async_exit)
+    _patched.update(tick=tick, after_tick=after_tick, accept_push=accept_push, exit=sync_exit, aexit=async_exit,
+                    call=_runner._call, acall=_runner._acall)
     cls.tick, cls.after_tick, cls.accept_push = hooked_tick, hooked_after_tick, hooked_accept_push
     sync_cls.__exit__, async_cls.__aexit__ = hooked_exit, hooked_aexit
+    # The runner looks these up when it hands a task its ``@task`` call (and a called task its own).
+    _runner._call = functools.partial(_tracked_call, _runner._call)
+    _runner._acall = functools.partial(_tracked_call, _runner._acall)
     _patch_langchain()
 
 
@@ -786,7 +922,7 @@ def record_in_current_task(fields: dict[str, Any], started: datetime | None = No
     if t is None:
         return False
     with t.run.lock:
-        deps = t.deps | frozenset(t.actions)
+        deps = _seen(t)
         t.calls += 1
     t.run.record(t, kind, dict(fields), deps, started)
     return True
