@@ -10,7 +10,7 @@ import json
 import os
 
 import pytest
-from openai import OpenAI
+from openai import AsyncOpenAI, OpenAI
 
 import marft_bridge as mb
 from marft_bridge.adapters import openai as oa
@@ -112,6 +112,28 @@ def test_a_stream_records_the_version_live_when_it_opened(server, sqlite_store, 
         registry.promote("writer", 3)  # while the stream is read
         assert text(stream, True) == "writer answer to x"
     assert served(sqlite_store, ep.id) == [("writer", 2, "registry", "retokenize")]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_version_promoted_while_the_server_answers_labels_only_later_requests(server, sqlite_store, registry,
+                                                                                 asynchronous):
+    httpd, url = server
+    oa.use_registry(registry.root)
+    httpd.on_request = lambda req: registry.promote("writer", 3)  # lands after v2's request went out
+    try:
+        with mb.episode(store=sqlite_store) as ep:
+            if asynchronous:
+                messages = [{"role": "user", "content": "x"}]
+                reply = asyncio.run(AsyncOpenAI(base_url=url, api_key="test", max_retries=0).chat.completions.create(
+                    model="writer", messages=messages))
+                assert reply.choices[0].message.content == "writer answer to x"
+            else:
+                assert ask(url, "writer") == "writer answer to x"
+            httpd.on_request = None
+            assert ask(url, "writer") == "writer answer to x"
+    finally:
+        httpd.on_request = None
+    assert served(sqlite_store, ep.id) == [("writer", 2, "registry", "retokenize"), ("writer", 3, "registry", "retokenize")]
 
 
 def test_the_servers_adapter_version_wins(server, sqlite_store, registry):

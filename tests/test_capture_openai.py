@@ -109,6 +109,8 @@ class Handler(BaseHTTPRequestHandler):
             data, kind = f"Success: LoRA adapter '{req['lora_name']}' added successfully.".encode(), "text/plain"
         else:
             self.server.requests.append(req)
+            if self.server.on_request is not None:  # a test's hook: something happens while the server works
+                self.server.on_request(req)
             data, kind = completion(req)
         self.send_response(200)
         self.send_header("Content-Type", kind)
@@ -123,7 +125,7 @@ class Handler(BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.requests, httpd.loaded = [], []
+    httpd.requests, httpd.loaded, httpd.on_request = [], [], None
     t = threading.Thread(target=httpd.serve_forever, daemon=True)
     t.start()
     yield httpd, f"http://127.0.0.1:{httpd.server_address[1]}/v1"

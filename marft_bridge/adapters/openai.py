@@ -175,10 +175,11 @@ def _response_dict(result: Any) -> dict | None:
 class LiveVersions:
     """The live version of each agent in one adapter registry, re-read only when its state file changes.
 
-    Race: the capture reads the version when the response (a stream: its first bytes) arrives, so a
-    promotion or rollback between the request and that read labels the action with the version it
-    made live although the previous one answered. The window is about one request's latency per
-    swap (``promote`` loads into the server first and writes the state file after).
+    Race: the capture reads the version when the request goes out. ``promote`` (and ``rollback``)
+    loads into the server first and writes the state file after, so a version read there is already
+    being served; a request sent between the load and the state write is labelled with the previous
+    version although the new one may answer it. The window is that gap (milliseconds) per swap,
+    not a request's latency; in-flight requests keep the version they were sent under.
     """
 
     def __init__(self, root: str | os.PathLike) -> None:
@@ -221,10 +222,10 @@ def use_registry(registry: str | os.PathLike | Any | None) -> None:
         _live = LiveVersions(registry if isinstance(registry, (str, os.PathLike)) else registry.root)
 
 
-def _registry_version(body: dict) -> int | None:
+def _registry_version(body: Any) -> int | None:
     """The live version of the requested adapter; None without a registry or on failure (counted)."""
-    live, model = _live, body.get("model")
-    if live is None or not isinstance(model, str):
+    live = _live
+    if live is None or not isinstance(body, dict) or not isinstance(model := body.get("model"), str):
         return None
     try:
         return live.get(model)
@@ -409,12 +410,12 @@ def _deliver(body: dict, response: dict | None, started: datetime) -> None:
     )
 
 
-def _handle(path: str | None, body: Any, extra: Any, result: Any, started: datetime) -> None:
+def _handle(path: str | None, body: Any, extra: Any, result: Any, started: datetime, live: int | None) -> None:
+    """Record the call; ``live``: the registry's version of the adapter when the request went out."""
     if path not in _PATHS or not isinstance(body, dict):
         return
     # ``extra_body`` (vLLM's top_k, return_token_ids, ...) travels apart and is merged into the JSON.
     body = {**body, **extra} if isinstance(extra, dict) else dict(body)
-    live = _registry_version(body)  # at response time; for a stream, when it opens rather than ends
     if not body.get("stream"):
         _deliver(body, _stamped(_response_dict(result), live), started)
         return
@@ -471,20 +472,20 @@ def install() -> None:
         url, body, extra = _request_parts(options)
         if url not in _PATHS or not _active():
             return sync_request(self, cast_to, options, *args, **kwargs)
-        started = utcnow()
+        started, live = utcnow(), _registry_version(body)
         result = sync_request(self, cast_to, options, *args, **kwargs)
         with guarded("openai.capture"):
-            _handle(url, body, extra, result, started)
+            _handle(url, body, extra, result, started, live)
         return result
 
     async def arequest(self: Any, cast_to: Any, options: Any, *args: Any, **kwargs: Any) -> Any:
         url, body, extra = _request_parts(options)
         if url not in _PATHS or not _active():
             return await async_request(self, cast_to, options, *args, **kwargs)
-        started = utcnow()
+        started, live = utcnow(), _registry_version(body)
         result = await async_request(self, cast_to, options, *args, **kwargs)
         with guarded("openai.capture"):
-            _handle(url, body, extra, result, started)
+            _handle(url, body, extra, result, started, live)
         return result
 
     _originals["sync"], _originals["async"] = sync_request, async_request
