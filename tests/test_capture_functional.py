@@ -182,6 +182,8 @@ def test_unread_task_gives_no_edge_and_env_task_passes_its_result(sqlite_store, 
         "retrieve()": ("env", []),
         "workflow(docs on q)": ("llm", ["retrieve()"]),
     }
+    env = [a for a in sqlite_store.get_episode(app.last_episode_id).actions if a.kind == "env"]
+    assert [a.output.text for a in env] == ["docs on q"]  # the task's result
 
 
 # -- a task that calls a task; a failed task the caller caught --------------------------------------

@@ -66,6 +66,7 @@ from . import openai as oa
 _PUSH = "__pregel_push"
 _TASKS = "__pregel_tasks"
 _ERROR = "__error__"
+_RETURN = "__return__"  # the channel a functional-API task's result is written to
 # The value an entrypoint saved on its thread (functional API): every task is handed it.
 _PREVIOUS = "__previous__"
 # Channel types whose value accumulates every write (so provenance accumulates too).
@@ -743,8 +744,13 @@ def _chain(fut: Any, push: _Push) -> Any:
 def _record_env(t: _Task, writes: Any) -> None:
     """A task that called no model: an environment step, recorded (not trained)."""
     err = next((str(v) for c, v in writes if c == _ERROR), None)
-    out = {c: v for c, v in writes if not c.startswith(("__", "branch:"))}
-    text = json.dumps(out, default=str)[:_ENV_OUTPUT_CHARS] if out else ""
+    returned = [v for c, v in writes if c == _RETURN]
+    if returned:  # a functional-API task: its output is its result
+        text = returned[0] if isinstance(returned[0], str) else json.dumps(returned[0], default=str)
+    else:
+        out = {c: v for c, v in writes if not c.startswith(("__", "branch:"))}
+        text = json.dumps(out, default=str) if out else ""
+    text = text[:_ENV_OUTPUT_CHARS]
     t.run.record(t, "env", {"output": {"text": text}, "error": err}, t.deps, t.started)
 
 
