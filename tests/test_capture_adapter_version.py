@@ -152,6 +152,7 @@ def test_missing_or_unreadable_registry_leaves_the_version_unknown(server, sqlit
         assert ask(url, "writer") == "writer answer to x"
     assert served(sqlite_store, ep.id) == [("writer", None, None, "retokenize")]
     assert capture_stats()["by_where"] == {"openai.registry": 1}
+    assert sqlite_store.get_episode(ep.id).metadata["capture_errors"] == 1  # the episode says so too
     assert not (tmp_path / "no-registry").exists()  # reading never creates a registry
 
     oa.use_registry(registry.root)

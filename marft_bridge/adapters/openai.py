@@ -230,7 +230,7 @@ def _registry_version(body: Any) -> int | None:
     try:
         return live.get(model)
     except Exception as e:  # noqa: BLE001 - a broken registry must not break the app
-        capture_error("openai.registry", e)
+        capture_error("openai.registry", e, current_episode())  # the episode records it too
         return None
 
 
