@@ -250,7 +250,41 @@ def test_in_process_publisher(tiny_model_dir, setup):
         with pytest.raises(AdapterError, match="outside the registry"):
             publisher.load("planner", setup[2] / "p0")
         assert engine.adapters()["planner"][0] == 5
-        assert len(engine._peft.peft_config) == 2  # replaced versions were deleted, not kept around
+        # Replaced versions are not kept around: the two routed slots and planner's one spare.
+        assert len(engine._peft.peft_config) == 3 and engine.stats["swaps_in_place"] == 1
+    finally:
+        engine.close()
+
+
+def test_swaps_copy_into_the_agents_spare_slot_when_the_shape_matches(tiny_model_dir, tmp_path):
+    from marft_bridge.serving.engine import AdapterEngine
+
+    reg = AdapterRegistry(tmp_path / "registry")
+    for seed, rank in ((1, 4), (2, 4), (3, 4), (4, 2)):  # v4 has another LoRA shape
+        reg.publish("planner", make_random_adapter(tiny_model_dir, tmp_path / f"p{seed}", seed=seed, rank=rank, scale=3.0))
+    reg.publish("coder", make_random_adapter(tiny_model_dir, tmp_path / "c", seed=9, scale=3.0))
+    prompt = DirectModel(tiny_model_dir).chat_prompt(MESSAGES)
+    expected = {v: DirectModel(tiny_model_dir, reg.path("planner", v)).greedy(prompt, MAX_TOKENS) for v in range(1, 5)}
+    assert len({tuple(x) for x in expected.values()}) == 4  # else equal outputs would prove nothing
+    engine = AdapterEngine(tiny_model_dir, registry=reg)
+    try:
+        got = []
+        for v in (1, 2, 3, 1, 4, 2):
+            engine.load_adapter("planner", reg.path("planner", v), load_inplace=True)
+            res = engine.generate(prompt, adapter="planner", max_tokens=MAX_TOKENS, temperature=0)
+            got.append((res.version, res.token_ids == expected[v], engine.stats["swaps_in_place"],
+                        len(engine._peft.peft_config)))
+        assert got == [
+            (1, True, 0, 1),  # the first slot
+            (2, True, 0, 2),  # a new slot; v1's, unused now, becomes the spare
+            (3, True, 1, 2),  # copied into the spare; v2's slot is the spare now
+            (1, True, 2, 2),  # and back: still two slots
+            (4, True, 2, 2),  # another rank: the spare is dropped, a new slot loaded
+            (2, True, 3, 2),  # rank 4 again: copied into v1's old slot, the spare since v4 came
+        ]
+        engine.load_adapter("coder", reg.path("coder", 1))
+        engine.unload_adapter("planner")  # its routed slot and its spare both go
+        assert set(engine._peft.peft_config) == {engine._routes["coder"].internal}
     finally:
         engine.close()
 

@@ -6,9 +6,12 @@ runs all rows at once, each row with its own adapter (peft's mixed-batch ``adapt
 Finished rows leave after each step.
 
 A request's adapter version is bound when it joins the batch and never changes. Each loaded version
-gets its own internal peft adapter name (``<agent>@v<N>#k``): a swap, applied between decode steps,
-loads the new version and flips the route, so later requests get it, while requests in flight keep
-the old weights until they finish; only then is the old version deleted.
+gets its own internal peft adapter slot (``<agent>#k``): a swap, applied between decode steps,
+loads the new version into a slot and flips the route, so later requests get it, while requests in
+flight keep the old weights until they finish. A replaced slot no request uses any more is kept
+as the agent's spare (one per agent): the next swap of that agent with the same LoRA shape copies
+its weights into the spare instead of building new modules, so decoding stalls for a weight copy
+(~4 ms on the test model) rather than a full peft load (~22 ms). Other replaced slots are deleted.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import MarftError
-from .adapter_files import AdapterError, base_fingerprint, check_against_base, inspect_adapter
+from .adapter_files import WEIGHTS_FILE, AdapterError, base_fingerprint, check_against_base, inspect_adapter
 
 BASE_ROW = "__base__"  # peft's name for "no adapter" in a mixed batch
+# LoraConfig fields that do not change an adapter's modules: a spare slot with the same rest can take it.
+_SLOT_FREE_FIELDS = {"base_model_name_or_path", "revision", "inference_mode"}
 _WAKE = object()  # queued with each swap so an idle worker wakes up to run it
 
 
@@ -125,7 +130,8 @@ class AdapterEngine:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_id = self.tokenizer.eos_token_id
         self._routes: dict[str, _Slot] = {}  # read by request threads, replaced only by the worker
-        self._retired: list[str] = []  # replaced versions, deleted once no request uses them
+        self._retired: list[str] = []  # replaced slots, kept as spare or deleted once no request uses them
+        self._spares: dict[str, str] = {}  # agent -> an unrouted, unused slot of its, ready for the next swap
         self._batch: _Batch | None = None  # the running batch, owned by the worker thread
         self._counter = itertools.count(1)
         self._queue: queue.Queue = queue.Queue()  # requests (and wake-ups)
@@ -133,7 +139,7 @@ class AdapterEngine:
         self._stop = threading.Event()
         self._worker = threading.Thread(target=self._run, name="marft-engine", daemon=True)
         self._worker.start()
-        self.stats = {"batches": 0, "rows": 0, "steps": 0}
+        self.stats = {"batches": 0, "rows": 0, "steps": 0, "swaps_in_place": 0}
 
     # -- adapters --------------------------------------------------------------------------------
     def adapters(self) -> dict[str, tuple[int | None, str]]:
@@ -168,7 +174,12 @@ class AdapterEngine:
         )
         if name in self._routes and not load_inplace:
             raise AdapterError(f"adapter {name!r} is already loaded; pass load_inplace=true to replace it")
-        return self._between_steps(lambda: self._do_load(name, str(path), version, load_inplace))
+        from peft import LoraConfig
+        from safetensors.torch import load_file
+
+        # Read here, in the caller's thread: the worker only copies them in (when a spare slot fits).
+        config, weights = LoraConfig.from_pretrained(str(path)), load_file(str(Path(path) / WEIGHTS_FILE))
+        return self._between_steps(lambda: self._do_load(name, str(path), version, load_inplace, config, weights))
 
     def load_current(self) -> dict[str, str]:
         """Load the current version of every agent in the registry; returns agent -> "v<N>" or the
@@ -197,23 +208,26 @@ class AdapterEngine:
         self._queue.put(_WAKE)  # an idle worker waits on the request queue
         return fut.result()
 
-    def _do_load(self, name: str, path: str, version: int | None, load_inplace: bool) -> int | None:
+    def _do_load(self, name: str, path: str, version: int | None, load_inplace: bool, config: Any,
+                 weights: dict) -> int | None:
         from peft import PeftModel
 
         if name in self._routes and not load_inplace:
             raise AdapterError(f"adapter {name!r} is already loaded; pass load_inplace=true to replace it")
-        internal = f"{name}@v{version if version is not None else 'x'}#{next(self._counter)}"
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)  # transformers deprecation noise from inside peft
-                if self._peft is None:
-                    self._peft = PeftModel.from_pretrained(self._base, path, adapter_name=internal, is_trainable=False)
-                    self._peft.eval()
-                else:
-                    self._peft.load_adapter(path, adapter_name=internal, is_trainable=False)
-        except Exception as e:  # peft's own errors: report them as a refusal, keep serving the old one
-            self._delete_internal(internal)
-            raise AdapterError(f"{path}: peft could not load the adapter ({type(e).__name__}: {e})") from None
+        internal = self._fill_spare(name, config, weights)
+        if internal is None:
+            internal = f"{name}#{next(self._counter)}"
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", FutureWarning)  # transformers deprecation noise from inside peft
+                    if self._peft is None:
+                        self._peft = PeftModel.from_pretrained(self._base, path, adapter_name=internal, is_trainable=False)
+                        self._peft.eval()
+                    else:
+                        self._peft.load_adapter(path, adapter_name=internal, is_trainable=False)
+            except Exception as e:  # peft's own errors: report them as a refusal, keep serving the old one
+                self._delete_internal(internal)
+                raise AdapterError(f"{path}: peft could not load the adapter ({type(e).__name__}: {e})") from None
         old = self._routes.get(name)
         routes = dict(self._routes)
         routes[name] = _Slot(name, version, internal, path)
@@ -222,12 +236,35 @@ class AdapterEngine:
             self._delete_internal(old.internal)
         return version
 
+    def _fill_spare(self, name: str, config: Any, weights: dict) -> str | None:
+        """Copy ``weights`` into ``name``'s spare slot when its LoRA shape matches; the slot, or None."""
+        from peft import set_peft_model_state_dict
+
+        spare = self._spares.pop(name, None)
+        if spare is None:
+            return None
+        if _slot_shape(self._peft.peft_config[spare]) == _slot_shape(config):
+            try:
+                set_peft_model_state_dict(self._peft, weights, adapter_name=spare)
+                self.stats["swaps_in_place"] += 1
+                return spare
+            except Exception:  # noqa: BLE001 - the spare may be half-written: drop it, load afresh
+                pass
+        # Another shape (or a failed copy): the spare is of no use. It is unused and its agent is
+        # routed, so point peft's active adapter at the routed slot and delete it.
+        self._peft.base_model.set_adapter(self._routes[name].internal)
+        self._peft.delete_adapter(spare)
+        return None
+
     def _do_unload(self, name: str) -> None:
         routes = dict(self._routes)
         slot = routes.pop(name, None)
         if slot is None:
             raise UnknownAdapter(f"adapter {name!r} is not loaded")
         self._routes = routes
+        spare = self._spares.pop(name, None)
+        if spare is not None:
+            self._retired.append(spare)
         self._delete_internal(slot.internal)
 
     def _delete_internal(self, internal: str) -> None:
@@ -237,7 +274,8 @@ class AdapterEngine:
         self._collect_retired()
 
     def _collect_retired(self) -> None:
-        """Delete replaced adapter versions once no running request uses them."""
+        """Once no running request uses a replaced slot, keep it as its agent's spare (while the
+        agent is loaded and has none) or delete it."""
         live = {s.internal for s in self._routes.values()}
         in_use = {r.slot.internal for r in self._batch.rows if r.slot} if self._batch else set()
         if not live:
@@ -247,9 +285,12 @@ class AdapterEngine:
         for old in list(self._retired):
             if old in in_use:
                 continue
-            if old in self._peft.peft_config:
-                self._peft.delete_adapter(old)
             self._retired.remove(old)
+            agent = old.rpartition("#")[0]
+            if agent in self._routes and agent not in self._spares:
+                self._spares[agent] = old
+            elif old in self._peft.peft_config:
+                self._peft.delete_adapter(old)
 
     # -- generation ------------------------------------------------------------------------------
     def validate(self, req: GenerationRequest) -> None:
@@ -437,6 +478,11 @@ class AdapterEngine:
                 b.select(keep)
         if self._retired:
             self._collect_retired()
+
+
+def _slot_shape(config: Any) -> dict:
+    """What of a LoraConfig shapes its modules (rank, targets, ...): equal shapes share a slot."""
+    return {k: v for k, v in config.to_dict().items() if k not in _SLOT_FREE_FIELDS}
 
 
 def _finite(x: float) -> float:
