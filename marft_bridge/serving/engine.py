@@ -10,8 +10,8 @@ gets its own internal peft adapter slot (``<agent>#k``): a swap, applied between
 loads the new version into a slot and flips the route, so later requests get it, while requests in
 flight keep the old weights until they finish. A replaced slot no request uses any more is kept
 as the agent's spare (one per agent): the next swap of that agent with the same LoRA shape copies
-its weights into the spare instead of building new modules, so decoding stalls for a weight copy
-(~4 ms on the test model) rather than a full peft load (~22 ms). Other replaced slots are deleted.
+its weights into the spare instead of building new modules, so decoding pauses for a weight copy
+rather than a full peft load (``benchmarks/hotswap.py`` times both). Other replaced slots are deleted.
 """
 
 from __future__ import annotations
@@ -130,7 +130,9 @@ class AdapterEngine:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_id = self.tokenizer.eos_token_id
         self._routes: dict[str, _Slot] = {}  # read by request threads, replaced only by the worker
-        self._retired: list[str] = []  # replaced slots, kept as spare or deleted once no request uses them
+        # Slots out of service -> whether one may become its agent's spare (a replaced version may;
+        # an unloaded agent's or a failed load's may not); handled once no running request uses them.
+        self._retired: dict[str, bool] = {}
         self._spares: dict[str, str] = {}  # agent -> an unrouted, unused slot of its, ready for the next swap
         self._batch: _Batch | None = None  # the running batch, owned by the worker thread
         self._counter = itertools.count(1)
@@ -233,7 +235,7 @@ class AdapterEngine:
         routes[name] = _Slot(name, version, internal, path)
         self._routes = routes  # one assignment: request threads see the old or the new table
         if old is not None:
-            self._delete_internal(old.internal)
+            self._delete_internal(old.internal, spare=True)
         return version
 
     def _fill_spare(self, name: str, config: Any, weights: dict) -> str | None:
@@ -250,10 +252,7 @@ class AdapterEngine:
                 return spare
             except Exception:  # noqa: BLE001 - the spare may be half-written: drop it, load afresh
                 pass
-        # Another shape (or a failed copy): the spare is of no use. It is unused and its agent is
-        # routed, so point peft's active adapter at the routed slot and delete it.
-        self._peft.base_model.set_adapter(self._routes[name].internal)
-        self._peft.delete_adapter(spare)
+        self._delete_internal(spare)  # another shape, or a failed copy: of no use
         return None
 
     def _do_unload(self, name: str) -> None:
@@ -264,13 +263,14 @@ class AdapterEngine:
         self._routes = routes
         spare = self._spares.pop(name, None)
         if spare is not None:
-            self._retired.append(spare)
+            self._retired[spare] = False
         self._delete_internal(slot.internal)
 
-    def _delete_internal(self, internal: str) -> None:
+    def _delete_internal(self, internal: str, spare: bool = False) -> None:
+        """Take a slot out of service; with ``spare`` it may be kept as its agent's spare."""
         if self._peft is None or internal not in self._peft.peft_config:
             return
-        self._retired.append(internal)
+        self._retired[internal] = spare
         self._collect_retired()
 
     def _collect_retired(self) -> None:
@@ -282,12 +282,12 @@ class AdapterEngine:
             return  # peft cannot lose its last adapter: keep it until another one arrives
         # Point peft's "active" adapter at a live one first, so no deletion hits the active one.
         self._peft.base_model.set_adapter(sorted(live)[0])
-        for old in list(self._retired):
+        for old, may_spare in list(self._retired.items()):
             if old in in_use:
                 continue
-            self._retired.remove(old)
+            del self._retired[old]
             agent = old.rpartition("#")[0]
-            if agent in self._routes and agent not in self._spares:
+            if may_spare and agent in self._routes and agent not in self._spares:
                 self._spares[agent] = old
             elif old in self._peft.peft_config:
                 self._peft.delete_adapter(old)
