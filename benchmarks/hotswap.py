@@ -3,7 +3,9 @@
 1. swap latency: registry publish + promote -> first response served by the new version;
 2. throughput while swapping every --swap-every seconds vs steady state (target >= 0.9);
 3. cross-adapter batching vs one request at a time (--max-batch-size 1) at --concurrency 8
-   (target >= 2x). Requests alternate between two adapters and the base model.
+   (target >= 2x). Requests alternate between two adapters and the base model;
+4. in-process engine swaps: a new version of the same LoRA shape (copied into the agent's spare
+   slot) vs a shape change on every swap (a fresh peft load), interleaved.
 
     .venv/bin/python benchmarks/hotswap.py [--concurrency 8 --duration 3 --rounds 3 --max-tokens 16]
 
@@ -74,6 +76,29 @@ def load(server: ServerProcess, concurrency: int, duration: float, max_tokens: i
             "tok_per_cpu": tokens[0] / cpu, "errors": errors[0], "versions": versions}
 
 
+def engine_swaps(base: Path, tmp: Path, rounds: int, per_round: int = 10) -> tuple[float, float]:
+    """Median seconds of ``AdapterEngine.load_adapter``: same-shape swaps (two rank-8 adapters in
+    turn: each copied into the spare slot) vs ranks 8, 4, 2 in turn (the spare never fits: a fresh
+    peft load every time), in interleaved rounds."""
+    from marft_bridge.serving.engine import AdapterEngine
+
+    same = [make_random_adapter(base, tmp / f"same{i}", seed=10 + i, rank=8) for i in range(2)]
+    shapes = [make_random_adapter(base, tmp / f"rank{r}", seed=20 + r, rank=r) for r in (8, 4, 2)]
+    engine = AdapterEngine(base)
+    copied, fresh = [], []
+    try:
+        for _ in range(rounds):
+            for sources, times in ((same, copied), (shapes, fresh)):
+                for i in range(per_round + 2):  # the first two set up the spare for this pattern
+                    t0 = time.perf_counter()
+                    engine.load_adapter("planner", sources[i % len(sources)], load_inplace=True)
+                    if i >= 2:
+                        times.append(time.perf_counter() - t0)
+    finally:
+        engine.close()
+    return statistics.median(copied), statistics.median(fresh)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrency", type=int, default=8)
@@ -142,6 +167,12 @@ def main() -> None:
         batched.stop()
         single.stop()
 
+    # 4. in-process swaps, this process only (the servers are stopped).
+    import torch
+
+    torch.set_num_threads(args.threads)
+    copied, fresh = engine_swaps(base, tmp, args.rounds)
+
     def med(runs, key):
         return statistics.median(r[key] for r in runs)
 
@@ -159,6 +190,8 @@ def main() -> None:
     print(f"generation at concurrency {args.concurrency}: batched {med(b_runs, 'tps'):.0f} tok/s, one at a time "
           f"{med(s_runs, 'tps'):.0f} tok/s: speed-up {med(b_runs, 'tps') / med(s_runs, 'tps'):.2f}x wall-clock, "
           f"{med(b_runs, 'tok_per_cpu') / med(s_runs, 'tok_per_cpu'):.2f}x per server CPU-second (target >= 2x)")
+    print(f"engine swap (in-process load_adapter): same LoRA shape, copied into the spare slot {copied * 1000:.1f} ms; "
+          f"shape change, fresh peft load {fresh * 1000:.1f} ms: {fresh / copied:.1f}x faster")
 
 if __name__ == "__main__":
     main()
