@@ -17,8 +17,9 @@ Where a call lands:
 Outside all of these the hook does nothing.
 
 Which adapter version answered: our server says so in ``"adapter"``; vLLM does not. With
-``use_registry(root)`` set, a response without a version gets the registry's live version of the
-requested model (the adapter name = registry agent), read when the response (or stream) arrives;
+``use_registry(root)`` set (``instrument(..., registry=root)`` sets it), a response without a
+version gets the registry's live version of the requested model (the adapter name = registry
+agent), read when the request goes out (see ``LiveVersions``);
 ``metadata["adapter_version_source"]`` records ``"server"`` or ``"registry"``.
 
 Streams (``stream=True``; ``ChatOpenAI(streaming=True)`` and ``.stream()``) are tapped: the app
