@@ -26,9 +26,9 @@ _EXPORTS = {
     "RecordError": "marft_bridge.errors",
     "TraceStore": "marft_bridge.store",
     "episode": "marft_bridge.recording",
-    "instrument": "marft_bridge.adapters.langgraph",
-    "uninstrument": "marft_bridge.adapters.langgraph",
-    "capture": "marft_bridge.adapters.langgraph",
+    "instrument": "marft_bridge.integrations.langgraph",
+    "uninstrument": "marft_bridge.integrations.langgraph",
+    "capture": "marft_bridge.integrations.langgraph",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

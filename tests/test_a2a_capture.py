@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import marft_bridge as mb
-from marft_bridge.adapters import a2a as cap
-from marft_bridge.adapters import propagation as prop
+from marft_bridge.integrations import a2a as cap
+from marft_bridge.integrations import propagation as prop
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "a2a_team"
 sys.path.insert(0, str(EXAMPLE))  # run.py imports the agent module's helpers by name

@@ -17,7 +17,7 @@ from test_capture_langgraph import edges, fake
 
 import marft_bridge as mb
 from marft_bridge import recording
-from marft_bridge.adapters import langgraph as lg
+from marft_bridge.integrations import langgraph as lg
 
 
 def cfg(thread: str) -> dict:

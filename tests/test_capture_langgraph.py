@@ -637,7 +637,7 @@ def test_checkpointer_threads_and_config_marker_not_persisted(sqlite_store):
 
 def test_other_adapters_record_inside_a_node(sqlite_store):
     """What the MCP/A2A adapters do: find the node's episode and record a tool action as its agent."""
-    from marft_bridge.adapters.langgraph import record_in_current_task
+    from marft_bridge.integrations.langgraph import record_in_current_task
 
     planner = fake("look up cats")
     seen = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import marft_bridge as mb
-from marft_bridge.adapters import propagation as prop
+from marft_bridge.integrations import propagation as prop
 from marft_bridge.recording import EpisodeRecorder
 
 

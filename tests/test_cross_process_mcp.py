@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import marft_bridge as mb
-from marft_bridge.adapters import propagation as prop
+from marft_bridge.integrations import propagation as prop
 
 HERE = Path(__file__).resolve().parent
 
@@ -53,7 +53,7 @@ def test_server_in_another_process_joins_the_clients_episode(store_url):
 async def _captured_call_meta(url, store) -> dict:
     from mcp import Client
 
-    from marft_bridge.adapters.mcp import instrument_client
+    from marft_bridge.integrations.mcp import instrument_client
 
     async with Client(url) as client:
         instrument_client(client, agent="assistant")

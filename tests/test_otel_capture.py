@@ -14,7 +14,7 @@ from test_capture_openai import LOGPROBS, VERSIONS, server, token_model  # noqa:
 
 import marft_bridge as mb
 from marft_bridge import recording
-from marft_bridge.adapters import otel
+from marft_bridge.integrations import otel
 from marft_bridge.store import TraceStore
 
 

@@ -31,8 +31,8 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 import marft_bridge as mb
-from marft_bridge.adapters import a2a as cap
-from marft_bridge.adapters.propagation import flush_joins
+from marft_bridge.integrations import a2a as cap
+from marft_bridge.integrations.propagation import flush_joins
 
 
 def fake_model(text: str) -> GenericFakeChatModel:

@@ -59,7 +59,7 @@ def coordinator_graph(researcher_url: str):
     from langgraph.graph import END, START, MessagesState, StateGraph
 
     from agent import fake_model, send_text
-    from marft_bridge.adapters import a2a as cap
+    from marft_bridge.integrations import a2a as cap
 
     client = None
 

@@ -35,7 +35,7 @@ def agent_graph(client, tool_calls: list[dict], answer: str):
     from langchain_core.messages import AIMessage, ToolMessage
     from langgraph.graph import END, START, MessagesState, StateGraph
 
-    from marft_bridge.adapters.mcp import result_text
+    from marft_bridge.integrations.mcp import result_text
 
     model = GenericFakeChatModel(messages=iter([AIMessage("", tool_calls=tool_calls), AIMessage(answer)]))
 
@@ -71,7 +71,7 @@ async def run(server_target, store, question: str) -> str:
     from mcp import Client
 
     import marft_bridge as mb
-    from marft_bridge.adapters.mcp import instrument_client
+    from marft_bridge.integrations.mcp import instrument_client
 
     calls = [{"name": "add", "args": {"a": 2, "b": 3}, "id": "c1"},
              {"name": "summarize", "args": {"text": question}, "id": "c2"}]
@@ -89,8 +89,8 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
     import marft_bridge as mb
-    from marft_bridge.adapters.mcp import instrument_server
-    from marft_bridge.adapters.propagation import flush_joins
+    from marft_bridge.integrations.mcp import instrument_server
+    from marft_bridge.integrations.propagation import flush_joins
     from server import build_server
 
     store_path = args.store or str(Path(tempfile.mkdtemp()) / "tools.db")

@@ -60,7 +60,7 @@ class _Run:
     """One (method, seed): its trainer, its adapter names on the server, its instrumented app."""
 
     def __init__(self, method: str, seed: int, base: Path, server, key: str, registry, store, s: DemoSettings):
-        from ..adapters.langgraph import instrument
+        from ..integrations.langgraph import instrument
         from ..serving import EmbeddedServerPublisher
         from ..trainers.config import MarftConfig
         from ..trainers.marft import MarftTrainer

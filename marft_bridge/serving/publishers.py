@@ -6,7 +6,7 @@
   every version is loaded from its own registry directory (vLLM does not notice changed weights
   under a path it already loaded), and the registry path must be readable by the vLLM process.
   vLLM's responses do not say which version answered: capture reads it from the same registry
-  (``marft_bridge.instrument(app, registry=root)`` or ``adapters.openai.use_registry(root)``).
+  (``marft_bridge.instrument(app, registry=root)`` or ``integrations.openai.use_registry(root)``).
 - ``InProcessPublisher``: an application that holds the model itself (an ``AdapterEngine``).
 
 ``AdapterRegistry.promote(agent, v, publisher=p)`` loads through the publisher first and marks the

@@ -40,6 +40,9 @@ class Sample:
     temperature: float
     reward: float = 0.0
     end: bool = False  # last trainable action of its episode
+    # D among the samples: indices (into Batch.samples) of the nearest trainable actions this one
+    # depends on, directly or through untrained actions (tools, env steps, skipped calls).
+    parents: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -101,7 +104,10 @@ def build_batch(episodes: list[Episode], tokenizer, agents: set[str], vocab_size
             continue
         kept: list[Sample] = []
         placed_on: dict[str, int] = {}  # action id -> index in kept that receives its reward
+        nearest: dict[str, set[int]] = {}  # action id -> nearest kept ancestors (itself when kept)
         for act in ep.topological_order():
+            parents = set().union(*(nearest.get(d, set()) for d in act.depends_on))
+            nearest[act.id] = parents
             if act.kind != "llm":
                 _place_untrained(act, kept, placed_on)
                 continue
@@ -129,7 +135,9 @@ def build_batch(episodes: list[Episode], tokenizer, agents: set[str], vocab_size
                 flagged["no_behaviour_logprobs"] += 1
             temp = act.sampling.temperature if act.sampling and act.sampling.temperature else default_temperature
             placed_on[act.id] = len(kept)
-            kept.append(Sample(len(returns), ep.id, act.id, act.agent, act.step, obs, ids, beh, float(temp)))
+            nearest[act.id] = {len(kept)}
+            kept.append(Sample(len(returns), ep.id, act.id, act.agent, act.step, obs, ids, beh, float(temp),
+                               parents=sorted(parents)))
         if not kept:
             skipped["episode_without_trainable_action"] += 1
             continue
@@ -146,6 +154,8 @@ def build_batch(episodes: list[Episode], tokenizer, agents: set[str], vocab_size
                 target = len(kept) - 1
             kept[target].reward += r.value
         kept[-1].end = True
+        for s in kept:
+            s.parents = [len(samples) + i for i in s.parents]
         samples += kept
         returns.append(sum(r.value for r in ep.rewards))
         n_eps += 1

@@ -13,11 +13,11 @@ latest ``llm`` action of ``agent``, or of anyone), and the agent's next model ca
 Server: ``instrument_server(server, store=None, agent=None)`` appends a middleware to an
 ``MCPServer`` that records each ``tools/call`` it serves (agent: the server's name) into the
 caller's episode, from the trace context the instrumented client puts in ``params._meta``
-(``traceparent`` + ``marft/caller``, see ``adapters.propagation``). The server's action depends on
+(``traceparent`` + ``marft/caller``, see ``integrations.propagation``). The server's action depends on
 the client's tool step. The instrumented client asks for the server's half in the reply
 (``_meta["marft/half"]``, removed before the app sees the result) and records it into its own
 episode, so the episode is written once; other halves (an in-process server: straight into the
-client's recorder; a call that raised) are joined as ``adapters.propagation`` describes.
+client's recorder; a call that raised) are joined as ``integrations.propagation`` describes.
 Requests without trace context are served and not recorded.
 
 Capture never changes what a call returns or raises: an MCP error result, an exception or a

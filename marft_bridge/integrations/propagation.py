@@ -129,7 +129,7 @@ def _langgraph_task() -> Any:
     import sys
 
     # Only when the app uses LangGraph: this module must not pull LangChain in by itself.
-    if "marft_bridge.adapters.langgraph" not in sys.modules:
+    if "marft_bridge.integrations.langgraph" not in sys.modules:
         return None
     from . import langgraph as lg
 

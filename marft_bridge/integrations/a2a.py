@@ -14,7 +14,7 @@ next model call depends on it. The message carries the trace context in ``Messag
 (``traceparent`` + ``marft/caller``).
 
 Server: ``CaptureExecutor(executor, card, store=None)`` wraps an ``AgentExecutor``. Each request
-becomes the receiving agent's half of the caller's episode (see ``adapters.propagation``): an
+becomes the receiving agent's half of the caller's episode (see ``integrations.propagation``): an
 ``env`` action with the message received (depending on the caller's message action: the
 agent-to-agent edge), whatever the agent records while it works (model calls of a LangGraph app
 inside it, named ``"<agent>/<node>"``, with their own dependencies; messages it sends to further
@@ -223,7 +223,7 @@ def instrument_client(client: Any, agent: str | None = None) -> Any:
     interceptors = getattr(client, "_interceptors", None)
     if not isinstance(interceptors, list):
         raise MarftError(f"cannot add an interceptor to {type(client).__name__}; create the client with "
-                         "marft_bridge.adapters.a2a.connect(...) or pass CaptureInterceptor() to create_client")
+                         "marft_bridge.integrations.a2a.connect(...) or pass CaptureInterceptor() to create_client")
     if not any(isinstance(i, CaptureInterceptor) for i in interceptors):
         interceptors.append(CaptureInterceptor(agent))
     orig = client.send_message

@@ -14,7 +14,7 @@ What becomes what:
   action: the capture hooks LangChain's callback managers at class level (every call path
   reports there: invoke, stream, batch, structured output, tool binding) without adding a
   callback handler to the app. A direct ``openai`` client call in a node is an action too (see
-  ``adapters.openai``). A node that calls no model is recorded as an ``env`` action (not trained).
+  ``integrations.openai``). A node that calls no model is recorded as an ``env`` action (not trained).
 - ``Action.step`` is the LangGraph superstep (offset so later runs of one episode come after
   earlier ones); actions of a subgraph take the superstep of the parent node that ran it, and
   the raw steps are kept in ``metadata["langgraph_steps"]``.
@@ -1055,7 +1055,7 @@ def instrument(app: Any, store: Any = None, reward_fn: Callable[[Any, Any], floa
     ``store``: a ``TraceStore`` (default ``TraceStore.open()``). ``reward_fn(inputs, outputs)``
     returns a team reward per run. ``registry``: the adapter registry (root or ``AdapterRegistry``)
     the deployment publishes from; responses that name no adapter version (vLLM's) record the
-    registry's live one (process-wide, ``adapters.openai.use_registry``). Calling it again on an
+    registry's live one (process-wide, ``integrations.openai.use_registry``). Calling it again on an
     instrumented app updates the settings.
     """
     if not all(callable(getattr(app, m, None)) for m in _METHODS):
