@@ -453,6 +453,34 @@ class EpisodeRecorder:
         return self._episode
 
 
+# -- framework tasks ----------------------------------------------------------------------------
+# An integration that knows which framework task is running (a LangGraph node, ...) registers how to
+# record into it, so other integrations (raw openai calls, MCP tool calls) attach their actions to
+# that task without importing the integration that owns it.
+
+_TASK_CONTEXTS: list[tuple[Callable[[], bool], Callable[..., bool]]] = []
+
+
+def register_task_context(in_task: Callable[[], bool], record: Callable[..., bool]) -> None:
+    """``in_task()``: is a captured framework task running in this context; ``record(fields, started,
+    kind)``: record an action as that task's agent (``record_action`` keyword fields), True if it did."""
+    if (in_task, record) not in _TASK_CONTEXTS:
+        _TASK_CONTEXTS.append((in_task, record))
+
+
+def in_framework_task() -> bool:
+    with guarded("recording.task_context"):
+        return any(probe() for probe, _ in _TASK_CONTEXTS)
+    return False
+
+
+def record_in_framework_task(fields: dict[str, Any], started: datetime | None = None, kind: str = "llm") -> bool:
+    """Record an action made inside a captured framework task as that task's agent (False when in none)."""
+    with guarded("recording.task_context"):
+        return any(record(fields, started, kind) for _, record in _TASK_CONTEXTS)
+    return False
+
+
 # -- context managers ----------------------------------------------------------------------------
 
 

@@ -934,6 +934,9 @@ def record_in_current_task(fields: dict[str, Any], started: datetime | None = No
     return True
 
 
+recording.register_task_context(in_captured_task, record_in_current_task)
+
+
 # -- instrument / capture ------------------------------------------------------------------------
 
 _METHODS = ("invoke", "ainvoke", "stream", "astream")

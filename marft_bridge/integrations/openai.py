@@ -37,13 +37,12 @@ from __future__ import annotations
 
 import contextvars
 import os
-import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..recording import capture_error, current_episode, guarded
+from ..recording import capture_error, current_episode, guarded, in_framework_task, record_in_framework_task
 from ..schema import utcnow
 
 _PATHS = ("/chat/completions",)
@@ -394,11 +393,8 @@ def _deliver(body: dict, response: dict | None, started: datetime) -> None:
     if response is None:
         return
     fields = completion_fields(dict(body), response)
-    if "langgraph" in sys.modules:
-        from .langgraph import record_in_current_task
-
-        if record_in_current_task(fields, started):
-            return
+    if record_in_framework_task(fields, started):
+        return
     rec = current_episode()
     if rec is None:
         return
@@ -442,13 +438,7 @@ def _active() -> bool:
     sink = RAW_SINK.get()
     if sink is not None and not sink.done:
         return True
-    if current_episode() is not None:
-        return True
-    if "langgraph" in sys.modules:
-        from .langgraph import in_captured_task
-
-        return in_captured_task()
-    return False
+    return current_episode() is not None or in_framework_task()
 
 
 def _request_parts(options: Any) -> tuple[str | None, Any, Any]:
