@@ -158,7 +158,7 @@ _default_store = None
 _default_store_lock = threading.Lock()
 
 
-def _resolve_store(store: Any) -> Any:
+def resolve_store(store: Any) -> Any:
     global _default_store
     if store is not None:
         return store
@@ -245,7 +245,7 @@ class EpisodeRecorder:
     @property
     def store(self) -> Any:
         # Resolved lazily: an episode that records nothing never opens the default database.
-        self._store = _resolve_store(self._store)
+        self._store = resolve_store(self._store)
         return self._store
 
     # -- recording -------------------------------------------------------------------------------

@@ -389,9 +389,9 @@ def _make_classes():
 
         def __init__(self, store: Any = None, source: str = "otel", max_traces: int = 10_000,
                      include_own: bool = False):
-            from ..recording import _resolve_store
+            from ..recording import resolve_store
 
-            self.assembler = _Assembler(_resolve_store(store), source, max_traces, include_own)
+            self.assembler = _Assembler(resolve_store(store), source, max_traces, include_own)
 
         def on_start(self, span: Any, parent_context: Any = None) -> None:
             pass
@@ -410,9 +410,9 @@ def _make_classes():
 
         def __init__(self, store: Any = None, source: str = "otel", max_traces: int = 10_000,
                      include_own: bool = False):
-            from ..recording import _resolve_store
+            from ..recording import resolve_store
 
-            self.assembler = _Assembler(_resolve_store(store), source, max_traces, include_own)
+            self.assembler = _Assembler(resolve_store(store), source, max_traces, include_own)
 
         def export(self, spans: Sequence[Any]) -> Any:
             for s in spans:

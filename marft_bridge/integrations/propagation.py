@@ -539,9 +539,9 @@ def callee_recorder(store: Any, caller: CallerRef | None, *, episode_id: str | N
 
     ``nest_under``: the callee agent; other agents recorded in the half (the nodes of a LangGraph
     app inside it) are renamed ``"<callee>/<agent>"``."""
-    from ..recording import _resolve_store
+    from ..recording import resolve_store
 
-    real = _resolve_store(store)
+    real = resolve_store(store)
     eid = caller.episode_id if caller is not None else episode_id
     return EpisodeRecorder(CalleeHalfStore(real, caller, join_writer(real), nest_under), episode_id=eid, source=source,
                            metadata=metadata)
