@@ -8,14 +8,16 @@ work in ``guarded(...)``: an exception there is logged and counted, never raised
 
 API
 ---
-``episode(store=None, task=None, source="manual", metadata=None)``
+``episode(store=None, task=None, source="manual", metadata=None, registry=None)``
     Context manager opening an explicit episode; yields its ``EpisodeRecorder``. Every capture
     inside it (LangGraph runs, MCP calls, A2A messages, OpenAI calls) joins this episode. The
     episode is current for the block's thread and for asyncio tasks and LangChain/LangGraph worker
     threads started inside it (they copy the context). A plain ``threading.Thread`` does not copy
     context: run its target with ``ep.wrap(fn)`` or inside ``with ep.activate():``. On exit the
     episode is finished (status "failed" if the block raised) and submitted. ``store=None`` uses
-    the enclosing episode's store, else ``TraceStore.open()`` (./.marft/traces.db).
+    the enclosing episode's store, else ``TraceStore.open()`` (./.marft/traces.db). ``registry``:
+    the adapter registry (root or ``AdapterRegistry``) whose live versions label calls that name
+    none (vLLM responses); ``None`` takes the enclosing episode's. Per episode, not process-wide.
 
 ``current_episode() -> EpisodeRecorder | None``
     The open episode of this context, if any: an explicit/implicit one, else the episode of a
@@ -23,13 +25,14 @@ API
     the LangGraph capture uses it, so MCP/A2A/OpenAI calls made inside a captured node join the
     node's episode).
 
-``implicit_episode(store=None, source=..., task=None, metadata=None)``
+``implicit_episode(store=None, source=..., task=None, metadata=None, registry=None)``
     For adapters: yields ``(recorder, owned)``. Joins the current episode when one is open
     (``owned`` False: the caller must not finish it); otherwise opens a new one for this run,
     makes it current, and finishes + submits it on exit (``owned`` True).
 
 ``EpisodeRecorder`` (thread-safe)
-    ``.id``, ``.store``, ``.source``, ``.task``, ``.closed``
+    ``.id``, ``.store``, ``.source``, ``.task``, ``.closed``, ``.registry`` (the adapter registry its
+    calls are labelled from, or None; capture integrations read it when a request goes out)
     ``record_action(agent, *, kind="llm", step=None, observation=None, output=None,
     sampling=None, policy=None, depends_on=(), error=None, started_at=None, ended_at=None,
     metadata=None, token_source=None, action_id=None, validate=True) -> str`` records one Action
@@ -220,9 +223,11 @@ class EpisodeRecorder:
         source: str = "manual",
         metadata: dict[str, Any] | None = None,
         episode_id: str | None = None,
+        registry: Any = None,
     ):
         self.id = episode_id or _fast_id()
         self._store = store
+        self.registry = registry
         self.task = jsonable(task) if task is not None else None
         self.source = source
         self.metadata: dict[str, Any] = dict(metadata or {})
@@ -516,15 +521,17 @@ def episode(
     task: Any = None,
     source: str = "manual",
     metadata: dict[str, Any] | None = None,
+    registry: Any = None,
 ) -> Iterator[EpisodeRecorder]:
     """Group everything captured in the block into one Episode (see the module docstring)."""
     parent = current_episode()
-    if store is None and parent is not None:
-        store = parent._store
+    if parent is not None:
+        store = parent._store if store is None else store
+        registry = parent.registry if registry is None else registry
     meta = dict(metadata or {})
     if parent is not None:
         meta.setdefault("parent_episode", parent.id)
-    with _current(EpisodeRecorder(store, task=task, source=source, metadata=meta)) as rec:
+    with _current(EpisodeRecorder(store, task=task, source=source, metadata=meta, registry=registry)) as rec:
         yield rec
 
 
@@ -534,14 +541,18 @@ def implicit_episode(
     source: str = "capture",
     task: Any = None,
     metadata: dict[str, Any] | None = None,
+    registry: Any = None,
 ) -> Iterator[tuple[EpisodeRecorder, bool]]:
-    """For adapters: join the current episode, or open (and finish) one for this run."""
+    """For adapters: join the current episode, or open (and finish) one for this run. A joined
+    episode without a registry takes ``registry``."""
     cur = current_episode()
     if cur is not None:
         cur.set_task(task)
+        if cur.registry is None and registry is not None:
+            cur.registry = registry
         yield cur, False
         return
-    with _current(EpisodeRecorder(store, task=task, source=source, metadata=metadata)) as rec:
+    with _current(EpisodeRecorder(store, task=task, source=source, metadata=metadata, registry=registry)) as rec:
         yield rec, True
 
 

@@ -709,3 +709,26 @@ def test_functional_api_tasks_are_agents(sqlite_store):
         "write": ("llm", ["brainstorm"]),
         "critique": ("llm", ["brainstorm"]),  # started before `write` finished: not its input
     }
+
+
+def test_registry_is_passed_to_the_episodes_a_capture_opens(sqlite_store, tmp_path):
+    seen = []
+    model = fake("x")
+
+    def node(s):
+        seen.append(recording.current_episode().registry)
+        return {"plan": model.invoke([HumanMessage(s["question"])]).content}
+
+    g = StateGraph(Doc)
+    g.add_node("planner", node)
+    g.add_edge(START, "planner")
+    a, b = tmp_path / "a", tmp_path / "b"
+    app_a = mb.instrument(g.compile(), store=sqlite_store, registry=a)
+    app_b = mb.instrument(g.compile(), store=sqlite_store, registry=b)
+    app_plain = mb.instrument(g.compile(), store=sqlite_store)
+    for app in (app_a, app_b, app_plain, app_a):
+        app.invoke({"question": "q"})
+    with mb.capture(store=sqlite_store, registry=b):
+        g.compile().invoke({"question": "q"})
+    assert seen == [a, b, None, a, b]  # per app, not a process-wide switch
+    mb.uninstrument(app_a), mb.uninstrument(app_b), mb.uninstrument(app_plain)

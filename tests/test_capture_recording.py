@@ -130,3 +130,22 @@ def test_jsonable_keeps_plain_inputs_and_flattens_messages():
     assert rec.jsonable(flat) == flat and rec.jsonable(flat) is not flat
     assert rec.jsonable({"messages": [HumanMessage("hi")], "tags": {"a"}}) == {
         "messages": [{"role": "human", "content": "hi"}], "tags": ["a"]}
+
+
+def test_registry_is_per_episode_and_inherited_by_nested_ones(sqlite_store, tmp_path):
+    root = tmp_path / "registry"
+    with rec.episode(store=sqlite_store) as plain:
+        assert plain.registry is None
+    with rec.episode(store=sqlite_store, registry=root) as outer:
+        assert outer.registry == root and rec.current_episode().registry == root
+        with rec.episode() as inner:
+            assert inner.registry == root and inner.store is sqlite_store
+        with rec.episode(registry=tmp_path / "other") as own:
+            assert own.registry == tmp_path / "other"
+        with rec.implicit_episode(registry=tmp_path / "other") as (joined, owned):
+            assert joined is outer and not owned and joined.registry == root  # the episode's own wins
+    with rec.implicit_episode(store=sqlite_store, registry=root) as (fresh, owned):
+        assert owned and fresh.registry == root
+    with rec.episode(store=sqlite_store) as bare:
+        with rec.implicit_episode(registry=root) as (joined, owned):
+            assert joined is bare and bare.registry == root  # joined without one: takes the caller's

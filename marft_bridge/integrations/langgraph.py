@@ -314,8 +314,10 @@ class CaptureHandler:
     """
 
     def __init__(self, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
-                 source: str = "langgraph", on_finish: Callable[[EpisodeRecorder], None] | None = None):
+                 source: str = "langgraph", on_finish: Callable[[EpisodeRecorder], None] | None = None,
+                 registry: Any = None):
         self.store = store
+        self.registry = registry  # the adapter registry of the episodes it opens (``recorder.registry``)
         self.reward_fn = reward_fn
         self.source = source
         self.on_finish = on_finish
@@ -326,9 +328,11 @@ class CaptureHandler:
         rec = recording.current_episode()
         owned = rec is None
         if owned:
-            rec = EpisodeRecorder(self.store, task=task_input, source=self.source)
+            rec = EpisodeRecorder(self.store, task=task_input, source=self.source, registry=self.registry)
         else:
             rec.set_task(task_input)
+            if rec.registry is None and self.registry is not None:
+                rec.registry = self.registry
         return _Run(self, rec, owned, task_input)
 
     # Pregel loop events -----------------------------------------------------------------------
@@ -953,8 +957,9 @@ def _has_handler(config: Any) -> bool:
 
 
 class _Instrumentation:
-    def __init__(self, app: Any, store: Any, reward_fn: Any, source: str):
+    def __init__(self, app: Any, store: Any, reward_fn: Any, source: str, registry: Any = None):
         self.app = app
+        self.registry = registry
         self.store = store
         self.reward_fn = reward_fn
         self.source = source
@@ -962,7 +967,7 @@ class _Instrumentation:
 
     def start(self, inputs: Any) -> _Run | None:
         try:
-            h = CaptureHandler(self.store, self.reward_fn, self.source, on_finish=self._done)
+            h = CaptureHandler(self.store, self.reward_fn, self.source, on_finish=self._done, registry=self.registry)
             h.run = h.new_run(inputs)
             return h.run
         except Exception as e:  # noqa: BLE001
@@ -1066,9 +1071,9 @@ def instrument(app: Any, store: Any = None, reward_fn: Callable[[Any, Any], floa
     _install_hooks(registry)
     cur = app.__dict__.get("_marft_instrumentation")
     if cur is not None:
-        cur.store, cur.reward_fn, cur.source = store, reward_fn, source
+        cur.store, cur.reward_fn, cur.source, cur.registry = store, reward_fn, source, registry
         return app
-    inst = _Instrumentation(app, store, reward_fn, source)
+    inst = _Instrumentation(app, store, reward_fn, source, registry)
     inst.install()
     app.__dict__["_marft_instrumentation"] = inst
     app.__dict__.setdefault("last_episode_id", None)
@@ -1101,7 +1106,7 @@ class capture:
 
     def __init__(self, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
                  source: str = "langgraph", registry: Any = None):
-        self.handler = CaptureHandler(store, reward_fn, source, on_finish=self._done)
+        self.handler = CaptureHandler(store, reward_fn, source, on_finish=self._done, registry=registry)
         self.registry = registry  # as in instrument()
         self.episode_ids: list[str] = []
         self._token: Any = None
