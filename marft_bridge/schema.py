@@ -22,7 +22,12 @@ from pydantic_core import PydanticCustomError
 
 from .errors import RecordError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Versions older than SCHEMA_VERSION that still load, and what changed since. Each change so far
+# only added optional fields, so an older document is a valid current one: reading (store reads,
+# ``marft traces import``, ``parse_episode``) relabels it with the current version.
+#   1 -> 2: Observation.tools and Observation.tool_choice (what the model was offered).
+UPGRADABLE_VERSIONS = frozenset({1})
 
 # Limits that keep one runaway record from filling the store ("oversized fields").
 MAX_TEXT_CHARS = 2_000_000
@@ -46,6 +51,10 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def _invariant(field: str, reason: str) -> PydanticCustomError:
+    return PydanticCustomError("invariant", "{field}: {reason}", {"field": field, "reason": reason})
+
+
 class _Record(BaseModel):
     # Unknown fields are refused rather than dropped: a typo must not silently lose data.
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
@@ -62,11 +71,38 @@ class Message(_Record):
 
 
 class Observation(_Record):
-    """What the agent saw: chat messages and, when the server reported them, the prompt token ids."""
+    """What the agent saw: chat messages, the tools it was offered and, when the server reported
+    them, the prompt token ids.
+
+    ``tools`` are OpenAI function tools (``{"type": "function", "function": {"name", "description",
+    "parameters"}}``), the chat template renders them into the prompt; ``tool_choice`` is the
+    request's (``"auto"``, ``"none"``, ``"required"`` or ``{"type": "function", "function": {"name"}}``).
+    """
 
     messages: list[Message] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     prompt: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)  # completions-API prompt
     prompt_token_ids: list[int] | None = Field(default=None, max_length=MAX_TOKENS)
+
+    @field_validator("tools")
+    @classmethod
+    def _function_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for k, tool in enumerate(v or ()):
+            if tool.get("type") != "function":
+                raise _invariant(f"{k}.type", f"a tool must have type 'function', not {tool.get('type')!r}")
+            fn = tool.get("function")
+            name = fn.get("name") if isinstance(fn, dict) else None
+            if not isinstance(name, str) or not name:
+                raise _invariant(f"{k}.function.name", "a function tool needs a name (function.name)")
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _short_choice(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if isinstance(v, str) and not 0 < len(v) <= 64:
+            raise ValueError("tool_choice must be 1-64 characters (auto, none, required) or a dict")
+        return v
 
 
 class Output(_Record):
@@ -177,10 +213,6 @@ class Reward(_Record):
         return v
 
 
-def _invariant(field: str, reason: str) -> PydanticCustomError:
-    return PydanticCustomError("invariant", "{field}: {reason}", {"field": field, "reason": reason})
-
-
 class Episode(_Record):
     """One run of the multi-agent system on one task."""
 
@@ -199,8 +231,14 @@ class Episode(_Record):
     @field_validator("schema_version")
     @classmethod
     def _known_version(cls, v: int) -> int:
+        if v in UPGRADABLE_VERSIONS:
+            return SCHEMA_VERSION  # see UPGRADABLE_VERSIONS: nothing else to convert
         if v != SCHEMA_VERSION:
-            raise ValueError(f"unknown schema version {v}; this marft_bridge reads version {SCHEMA_VERSION}")
+            raise ValueError(
+                f"unknown schema version {v}; this marft_bridge reads versions "
+                f"{', '.join(map(str, sorted(UPGRADABLE_VERSIONS | {SCHEMA_VERSION})))}"
+                + (" (the record is newer: upgrade marft_bridge to read it)" if v > SCHEMA_VERSION else "")
+            )
         return v
 
     @model_validator(mode="after")

@@ -352,7 +352,7 @@ def test_oversized_record_is_refused_and_its_dead_letter_is_capped(store):
     assert (e.value.record, e.value.field) == ("episode ep0", "actions.1.output.text")
     (letter,) = store.dead_letters()
     assert letter.field == "actions.1.output.text"
-    assert letter.raw.startswith('{"schema_version": 1, "id": "ep0"')
+    assert letter.raw.startswith('{"schema_version": 2, "id": "ep0"')
     assert len(letter.raw) < MAX_DEAD_LETTER_CHARS + 100 and letter.raw.endswith("chars in all]")
     assert store.count() == 0
 
