@@ -11,10 +11,45 @@ from pathlib import Path
 SPECIAL_TOKENS = ["<pad>", "<unk>", "<s>", "<|im_end|>", "<|im_start|>"]
 CHARS = list(string.printable[:-5]) + ["\n"]  # printable ASCII without \t\r\x0b\x0c, plus newline
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+# ChatML (transformers renders it with trim_blocks, hence the {{ '\\n' }} after block tags).
+# Messages without tools, tool calls or tool results render exactly as they always have
+# (``<|im_start|>role\ncontent<|im_end|>\n``; warm-started models were trained on it). Tools follow
+# Qwen2.5 / Hermes, the format vLLM's ``--tool-call-parser hermes`` reads: the tool definitions in
+# the system turn inside ``<tools>...</tools>`` (one JSON object a line), each assistant tool call
+# as a ``<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`` block, and consecutive tool
+# results as one user turn of ``<tool_response>...</tool_response>`` blocks. ``arguments`` may be
+# a dict (rendered with tojson) or the OpenAI wire form, a JSON string (rendered as it is).
+TOOLS_PREAMBLE = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
 )
+TOOLS_INSTRUCTIONS = (
+    "</tools>\n\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages and messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
+    "{{ tools_preamble }}{% for t in tools %}{{ '\\n' }}{{ t | tojson }}{% endfor %}{{ '\\n' }}{{ tools_instructions }}<|im_end|>\n"
+    "{% endif %}"
+    "{% for m in messages %}"
+    "{% if tools and loop.first and m['role'] == 'system' %}"  # already in the tools system turn
+    "{% elif m['role'] == 'assistant' and m['tool_calls'] %}<|im_start|>assistant"
+    "{% if m['content'] %}{{ '\\n' }}{{ m['content'] }}{% endif %}"
+    "{% for tc in m['tool_calls'] %}{% set f = tc['function'] if tc['function'] is defined else tc %}"
+    '{{ "\\n" }}<tool_call>\n{"name": "{{ f[\'name\'] }}", "arguments": '
+    "{% if f['arguments'] is string %}{{ f['arguments'] }}{% else %}{{ f['arguments'] | tojson }}{% endif %}"
+    "}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% elif m['role'] == 'tool' %}"
+    "{% if loop.first or loop.previtem['role'] != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ '\\n' }}<tool_response>\n{{ m['content'] }}\n</tool_response>"
+    "{% if loop.last or loop.nextitem['role'] != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+).replace("{{ tools_preamble }}", TOOLS_PREAMBLE).replace("{{ tools_instructions }}", TOOLS_INSTRUCTIONS)
 
 
 def build_tokenizer():
