@@ -1,61 +1,79 @@
 """Capture from OpenAI-compatible clients (the ``openai`` package, and ``langchain_openai`` on top of it).
 
-The hook sits on the ``openai`` client's ``request`` for ``/chat/completions``, so it sees the
-request body and the full response JSON, including fields that ``langchain_openai.ChatOpenAI``
-drops: vLLM's ``choices[].token_ids`` and ``prompt_token_ids`` (``return_token_ids``), the sampled
-tokens' ``logprobs``, and our server's top-level ``"adapter": {"name", "version"}``. Token ids and
+The hook sits on the ``openai`` client's ``request`` for ``/chat/completions`` and ``/responses``
+(the Responses API, the OpenAI Agents SDK's default), so it sees the request body and the full
+response JSON, including fields that ``langchain_openai.ChatOpenAI`` drops: vLLM's
+``choices[].token_ids`` and ``prompt_token_ids`` (``return_token_ids``), the sampled tokens'
+``logprobs``, and our server's top-level ``"adapter": {"name", "version"}``. Token ids and
 log-probs are stored exactly (``token_source="server"``); without them the action keeps its text
-and is marked for re-tokenisation (``token_source="retokenize"``).
+and is marked for re-tokenisation (``token_source="retokenize"``). Messages, tools and outputs are
+parsed by ``marft_bridge.messages``: a ``/responses`` request's ``instructions`` become the system
+message, its input items messages (``function_call`` -> assistant ``tool_calls``,
+``function_call_output`` -> tool message with ``tool_call_id``), its output items the output text
+and tool calls; the offered ``tools`` and ``tool_choice`` go to the observation (chat shape).
 
 Where a call lands:
 - inside a LangChain chat-model call that the LangGraph capture is recording: the raw response is
   handed to that call (one action, with exact token data);
-- inside a captured LangGraph node (a direct ``client.chat.completions.create``): an action of
-  that node's agent, with the node's dependencies;
+- inside a captured framework task (a LangGraph node, an OpenAI Agents SDK run; integrations
+  register them with ``recording.register_task_context``): an action of that task's agent;
 - inside ``marft_bridge.episode(...)``: an action whose agent is the model name (= adapter
-  name), depending on earlier actions whose output text appears in its messages.
+  name), depending on earlier actions whose output text appears in its messages and, by
+  tool-call id, on the action a tool message answers (the tool step that ran call X when one was
+  recorded, else the model call that emitted X; ``call_dependencies``).
 Outside all of these the hook does nothing.
 
-Which adapter version answered: our server says so in ``"adapter"``; vLLM does not. With
-``use_registry(root)`` set (``instrument(..., registry=root)`` sets it), a response without a
-version gets the registry's live version of the requested model (the adapter name = registry
-agent), read when the request goes out (see ``LiveVersions``);
-``metadata["adapter_version_source"]`` records ``"server"`` or ``"registry"``.
+Which adapter version answered: our server says so in ``"adapter"``; vLLM does not. A response
+without a version gets the live version of the requested model (the adapter name = registry
+agent) from the registry of the episode it lands in (``EpisodeRecorder.registry``, set by
+``episode(registry=...)`` / ``instrument(app, registry=...)``), else from the process-wide default
+``use_registry(root)`` (for code that sets one registry for everything), read when the request goes
+out (``marft_bridge.registry_state.LiveVersions``); ``metadata["adapter_version_source"]`` records
+``"server"`` or ``"registry"``.
 
-Streams (``stream=True``; ``ChatOpenAI(streaming=True)`` and ``.stream()``) are tapped: the app
-gets the very same chunk objects, while capture folds each chunk's ``delta``, ``token_ids``,
-``logprobs.content``, ``prompt_token_ids``, ``adapter`` and ``finish_reason`` into one response of
-the non-streaming shape (``StreamAccumulator``), delivered as above when the stream ends, in the
-context of the call that opened it. A stream abandoned or failed before its end records nothing.
+Streams (``stream=True``; ``ChatOpenAI(streaming=True)``, ``.stream()``, ``Runner.run_streamed``)
+are tapped: the app gets the very same chunk objects, while capture folds them into one response
+of the non-streaming shape (chat chunks by ``StreamAccumulator``: ``delta``, ``token_ids``,
+``logprobs.content``, ``prompt_token_ids``, ``adapter``, ``finish_reason``; Responses events by
+``ResponsesStreamAccumulator``: the final ``response.completed`` event's response), delivered as
+above when the stream ends, in the context of the call that opened it. A stream abandoned or failed
+before its end records nothing.
 
 ``install()`` / ``uninstall()`` patch and restore the client (``install`` is idempotent and is
-called by ``marft_bridge.instrument``/``capture``). ``completion_fields(request, response)``
-turns one request/response pair into the keyword arguments of ``EpisodeRecorder.record_action``.
+called by ``marft_bridge.episode``/``capture``/``instrument``). ``completion_fields(request,
+response)`` / ``responses_fields(request, response)`` turn one request/response pair into the
+keyword arguments of ``EpisodeRecorder.record_action``.
 """
 
 from __future__ import annotations
 
 import contextvars
 import os
+import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
+from .. import messages as msgs
 from ..recording import capture_error, current_episode, guarded, in_framework_task, record_in_framework_task
-from ..schema import utcnow
+from ..registry_state import LiveVersions, live_versions
+from ..schema import Observation, utcnow
 
-_PATHS = ("/chat/completions",)
+CHAT_PATH, RESPONSES_PATH = "/chat/completions", "/responses"
+_PATHS = (CHAT_PATH, RESPONSES_PATH)
 # Key of the assembled stream response that carries what only the chunks showed.
 STREAM_KEY = "marft_stream"
 # Key the hook adds to a response: the registry's live version of the requested adapter.
 REGISTRY_KEY = "marft_registry_version"
+# Observation.tools / tool_choice exist from schema version 2 on.
+_HAS_TOOLS = "tools" in Observation.model_fields
 
 
 class RawCall:
     """The request and response of one OpenAI-API call, filled in by the client hook."""
 
-    __slots__ = ("request", "response", "started_at", "ended_at", "done")
+    __slots__ = ("request", "response", "started_at", "ended_at", "done", "path")
 
     def __init__(self) -> None:
         self.request: dict | None = None
@@ -63,6 +81,7 @@ class RawCall:
         self.started_at: datetime | None = None
         self.ended_at: datetime | None = None
         self.done = False
+        self.path: str | None = None
 
 
 # Set by the LangGraph capture while a LangChain chat-model call runs: the hook fills it.
@@ -73,23 +92,7 @@ _originals: dict[str, Any] = {}
 
 # -- parsing -------------------------------------------------------------------------------------
 
-
-def _text(content: Any) -> str | None:
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts
-        return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
-    return str(content)
-
-
-def _message(m: dict) -> dict:
-    out: dict[str, Any] = {"role": str(m.get("role") or "user"), "content": _text(m.get("content"))}
-    for k in ("name", "tool_call_id"):
-        if m.get(k) is not None:
-            out[k] = str(m[k])
-    if m.get("tool_calls"):
-        out["tool_calls"] = [dict(tc) for tc in m["tool_calls"]]
-    return out
+_text = msgs.content_text  # kept for the LangGraph integration until it calls marft_bridge.messages
 
 
 def token_data(logprobs: Any, token_ids: list[int] | None) -> tuple[list[int] | None, list[float] | None, str | None]:
@@ -108,28 +111,19 @@ def token_data(logprobs: Any, token_ids: list[int] | None) -> tuple[list[int] | 
     return ids, (lps if ids is not None else None), None
 
 
-def completion_fields(request: dict, response: dict) -> dict[str, Any]:
-    """``record_action`` keyword arguments for one chat-completions request/response pair."""
-    choice = (response.get("choices") or [{}])[0]
-    msg = choice.get("message") or {}
-    ids, lps, problem = token_data(choice.get("logprobs"), choice.get("token_ids"))
-    stream = response.get(STREAM_KEY) if isinstance(response.get(STREAM_KEY), dict) else None
-    if problem is None and stream and stream.get("token_data_dropped"):  # misaligned chunks, equal totals
-        ids, lps, problem = None, None, stream["token_data_dropped"]
-    extra = request.get("extra_body") or {}
+def _observation(messages: list[dict], request: dict, prompt_ids: Any) -> dict[str, Any]:
+    obs: dict[str, Any] = {"messages": messages,
+                           "prompt_token_ids": list(prompt_ids) if prompt_ids is not None else None}
+    if _HAS_TOOLS:
+        tools, choice = msgs.chat_tools(request.get("tools")), msgs.chat_tool_choice(request.get("tool_choice"))
+        if tools is not None:
+            obs["tools"] = tools
+        if choice is not None:
+            obs["tool_choice"] = choice
+    return obs
 
-    def param(name: str) -> Any:
-        return request.get(name, extra.get(name))
 
-    stop = param("stop")
-    sampling = {
-        "temperature": param("temperature"),
-        "top_p": param("top_p"),
-        "top_k": param("top_k"),
-        "max_tokens": param("max_completion_tokens") or param("max_tokens"),
-        "seed": param("seed"),
-        "stop": [stop] if isinstance(stop, str) else stop,
-    }
+def _policy_and_meta(request: dict, response: dict) -> tuple[dict, dict]:
     adapter = response.get("adapter") if isinstance(response.get("adapter"), dict) else {}
     model = str(adapter.get("name") or request.get("model") or response.get("model") or "unknown")
     version, source = adapter.get("version"), "server"  # the server's word wins over the registry's
@@ -137,28 +131,83 @@ def completion_fields(request: dict, response: dict) -> dict[str, Any]:
         version, source = response[REGISTRY_KEY], "registry"
     metadata: dict[str, Any] = {"response_model": response.get("model"), "response_id": response.get("id"),
                                 "adapter_version_source": source if version is not None else None}
+    return {"name": model, "version": version}, metadata
+
+
+def _sampling(request: dict, names: dict[str, tuple[str, ...]]) -> dict[str, Any] | None:
+    """Sampling parameters from the request (``extra_body`` holds vLLM's, e.g. ``top_k``); per field
+    the first of its request keys that is set."""
+    extra = request.get("extra_body") or {}
+    out = {}
+    for field, keys in names.items():
+        v = next((x for x in (request.get(k, extra.get(k)) for k in keys) if x is not None), None)
+        if v is not None:
+            out[field] = [v] if field == "stop" and isinstance(v, str) else v
+    return out or None
+
+
+_CHAT_SAMPLING = {"temperature": ("temperature",), "top_p": ("top_p",), "top_k": ("top_k",),
+                  "max_tokens": ("max_completion_tokens", "max_tokens"), "seed": ("seed",), "stop": ("stop",)}
+_RESPONSES_SAMPLING = {"temperature": ("temperature",), "top_p": ("top_p",), "top_k": ("top_k",),
+                       "max_tokens": ("max_output_tokens",), "seed": ("seed",)}
+
+
+def completion_fields(request: dict, response: dict) -> dict[str, Any]:
+    """``record_action`` keyword arguments for one chat-completions request/response pair."""
+    choice = (response.get("choices") or [{}])[0]
+    ids, lps, problem = token_data(choice.get("logprobs"), choice.get("token_ids"))
+    stream = response.get(STREAM_KEY) if isinstance(response.get(STREAM_KEY), dict) else None
+    if problem is None and stream and stream.get("token_data_dropped"):  # misaligned chunks, equal totals
+        ids, lps, problem = None, None, stream["token_data_dropped"]
+    policy, metadata = _policy_and_meta(request, response)
     if problem:
         metadata["token_data_dropped"] = problem
     if stream:
         metadata["stream_chunks"] = stream.get("chunks")
     prompt_ids = response.get("prompt_token_ids") or choice.get("prompt_token_ids")
+    messages = [msgs.chat_message(m) for m in request.get("messages") or [] if isinstance(m, dict)]
     return {
-        "observation": {
-            "messages": [_message(m) for m in request.get("messages") or [] if isinstance(m, dict)],
-            "prompt_token_ids": list(prompt_ids) if prompt_ids is not None else None,
-        },
-        "output": {
-            "text": _text(msg.get("content")) or "",
-            "token_ids": ids,
-            "logprobs": lps,
-            "tool_calls": [dict(tc) for tc in msg["tool_calls"]] if msg.get("tool_calls") else None,
-            "finish_reason": choice.get("finish_reason"),
-        },
-        "sampling": {k: v for k, v in sampling.items() if v is not None} or None,
-        "policy": {"name": model, "version": version},
+        "observation": _observation(messages, request, prompt_ids),
+        "output": {**msgs.chat_output(response), "token_ids": ids, "logprobs": lps},
+        "sampling": _sampling(request, _CHAT_SAMPLING),
+        "policy": policy,
         "token_source": "server" if ids is not None else "retokenize",
         "metadata": {k: v for k, v in metadata.items() if v is not None},
     }
+
+
+def responses_fields(request: dict, response: dict) -> dict[str, Any]:
+    """``record_action`` keyword arguments for one ``/responses`` request/response pair.
+
+    Input/output items that are neither messages nor function calls (reasoning is skipped) are
+    kept as text and listed in ``metadata["unknown_items"]``.
+    """
+    unknown: list[str] = []
+    messages = msgs.responses_messages(request.get("instructions"), request.get("input"), unknown)
+    output = msgs.responses_output(response, unknown)
+    policy, metadata = _policy_and_meta(request, response)
+    stream = response.get(STREAM_KEY) if isinstance(response.get(STREAM_KEY), dict) else None
+    if stream:
+        metadata["stream_chunks"] = stream.get("chunks")
+    if isinstance(response.get("usage"), dict):
+        metadata["usage"] = {k: v for k, v in response["usage"].items() if isinstance(v, int)}
+    if unknown:
+        metadata["unknown_items"] = unknown
+    if request.get("previous_response_id"):  # the server holds the earlier turns: the observation lacks them
+        metadata["previous_response_id"] = request["previous_response_id"]
+    return {
+        "observation": _observation(messages, request, None),
+        "output": {**output, "token_ids": None, "logprobs": None},
+        "sampling": _sampling(request, _RESPONSES_SAMPLING),
+        "policy": policy,
+        "token_source": "retokenize",
+        "metadata": {k: v for k, v in metadata.items() if v is not None},
+    }
+
+
+def call_fields(path: str | None, request: dict, response: dict) -> dict[str, Any]:
+    """The fields of one call to ``path`` (chat completions unless it is ``/responses``)."""
+    return responses_fields(request, response) if path == RESPONSES_PATH else completion_fields(request, response)
 
 
 def _response_dict(result: Any) -> dict | None:
@@ -169,68 +218,93 @@ def _response_dict(result: Any) -> dict | None:
     return result if isinstance(result, dict) else None
 
 
+# -- dependencies by tool-call id ----------------------------------------------------------------
+
+
+class _CallIndex:
+    """Per episode: which action emitted each tool call id, and which tool step ran it."""
+
+    def __init__(self) -> None:
+        self.emitted: dict[str, str] = {}
+        self.answered: dict[str, str] = {}
+
+
+_INDEX: weakref.WeakKeyDictionary[Any, _CallIndex] = weakref.WeakKeyDictionary()
+_INDEX_LOCK = threading.Lock()
+
+
+def _index(rec: Any) -> _CallIndex:
+    with _INDEX_LOCK:
+        idx = _INDEX.get(rec)
+        if idx is None:
+            idx = _INDEX[rec] = _CallIndex()
+        return idx
+
+
+def note_tool_calls(rec: Any, action_id: str, calls: Any) -> None:
+    """Remember that ``action_id`` (a model call of episode ``rec``) emitted these tool calls."""
+    idx = _index(rec)
+    for c in calls or ():
+        if isinstance(c, dict) and c.get("id"):
+            idx.emitted.setdefault(str(c["id"]), action_id)
+
+
+def note_tool_step(rec: Any, call_id: str | None, action_id: str) -> None:
+    """Remember that tool step ``action_id`` ran tool call ``call_id``."""
+    if call_id:
+        _index(rec).answered[str(call_id)] = action_id
+
+
+def emitter_of(rec: Any, call_id: str) -> str | None:
+    """The model call that emitted tool call ``call_id`` in episode ``rec``."""
+    return _index(rec).emitted.get(str(call_id))
+
+
+def call_dependencies(rec: Any, messages: list[dict]) -> list[str]:
+    """Actions a conversation depends on through tool-call ids: for each id it refers to, the tool
+    step that ran it when one was recorded, else the model call that emitted it."""
+    idx = _index(rec)
+    out = []
+    for cid in msgs.referenced_call_ids(messages):
+        aid = idx.answered.get(cid) or idx.emitted.get(cid)
+        if aid is not None:
+            out.append(aid)
+    return list(dict.fromkeys(out))
+
+
+def message_dependencies(rec: Any, messages: list[dict]) -> list[str]:
+    """Message flow (earlier output text in these messages) plus tool-call ids."""
+    texts = [m.get("content") or "" for m in messages]
+    return list(dict.fromkeys([*rec.producers_of(texts), *call_dependencies(rec, messages)]))
+
+
 # -- adapter version from the registry -----------------------------------------------------------
 
-
-class LiveVersions:
-    """The live version of each agent in one adapter registry, re-read only when its state file changes.
-
-    Race: the capture reads the version when the request goes out. ``promote`` (and ``rollback``)
-    loads into the server first and writes the state file after, so a version read there is already
-    being served; a request sent between the load and the state write is labelled with the previous
-    version although the new one may answer it. The window is that gap (milliseconds) per swap,
-    not a request's latency; in-flight requests keep the version they were sent under.
-    """
-
-    def __init__(self, root: str | os.PathLike) -> None:
-        self.root = Path(root).expanduser().resolve()
-        self._cache: dict[str, tuple[tuple[int, int, int], int | None]] = {}
-
-    def get(self, agent: str) -> int | None:
-        """``agent``'s live version; None for a name the registry does not manage. Raises if the
-        registry is missing or its state unreadable."""
-        from ..serving.registry import AGENT_NAME, read_state, state_file
-
-        if not AGENT_NAME.match(agent):  # e.g. "org/base-model": not an adapter of ours
-            return None
-        path = state_file(self.root, agent)
-        try:
-            st = path.stat()
-        except FileNotFoundError:
-            if not self.root.is_dir():
-                raise FileNotFoundError(f"adapter registry {self.root} does not exist") from None
-            return None  # never promoted, or not an agent of this registry
-        # Size and inode too: two writes within one timestamp tick still differ in them
-        # (every promote appends to the history, every rollback drops from it; each write is a new file).
-        key = (st.st_mtime_ns, st.st_size, st.st_ino)
-        hit = self._cache.get(agent)
-        if hit is None or hit[0] != key:
-            hit = self._cache[agent] = (key, read_state(path)["current"])
-        return hit[1]
-
-
-_live: LiveVersions | None = None
+_default_live: Any = None
 
 
 def use_registry(registry: str | os.PathLike | Any | None) -> None:
-    """Resolve the adapter version of responses that do not carry one (vLLM's) from this adapter
-    registry: a root directory or an ``AdapterRegistry``; None stops it. Process-wide."""
-    global _live
-    if registry is None:
-        _live = None
-    else:  # (a Path has a ``root`` attribute too: "/")
-        _live = LiveVersions(registry if isinstance(registry, (str, os.PathLike)) else registry.root)
+    """Process-wide default registry for responses that carry no adapter version (vLLM's), used where
+    the episode names none (``episode(registry=...)`` / ``instrument(app, registry=...)`` do, per
+    app): a root directory, an ``AdapterRegistry`` or an object with ``live_version(agent)``; None
+    clears it."""
+    global _default_live
+    _default_live = live_versions(registry)
 
 
 def _registry_version(body: Any) -> int | None:
     """The live version of the requested adapter; None without a registry or on failure (counted)."""
-    live = _live
-    if live is None or not isinstance(body, dict) or not isinstance(model := body.get("model"), str):
+    if not isinstance(body, dict) or not isinstance(model := body.get("model"), str):
         return None
+    rec = current_episode()
+    live = _default_live
     try:
-        return live.get(model)
+        own = getattr(rec, "registry", None) if rec is not None else None
+        if own is not None:
+            live = live_versions(own)
+        return live.live_version(model) if live is not None else None
     except Exception as e:  # noqa: BLE001 - a broken registry must not break the app
-        capture_error("openai.registry", e, current_episode())  # the episode records it too
+        capture_error("openai.registry", e, rec)  # the episode records it too
         return None
 
 
@@ -322,7 +396,7 @@ class StreamAccumulator:
                 return f"stream chunk {n + 1} with tokens: {n_lps} log-probs for {n_ids} token ids"
         return None
 
-    def response(self) -> dict[str, Any]:
+    def response(self) -> dict[str, Any] | None:
         message: dict[str, Any] = {"role": self.role, "content": "".join(self.text)}
         if self.tool_calls:
             message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
@@ -341,7 +415,32 @@ class StreamAccumulator:
         return out
 
 
-def _fold(acc: StreamAccumulator, chunk: Any) -> None:
+class ResponsesStreamAccumulator:
+    """Responses-API stream events: the terminal event (``response.completed``, ``.incomplete`` or
+    ``.failed``) carries the whole response; without one the stream records nothing."""
+
+    _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+
+    def __init__(self) -> None:
+        self.final: dict | None = None
+        self.chunks = 0
+        self.failed = False
+
+    def add(self, event: Any) -> None:
+        e = event.model_dump(mode="json") if hasattr(event, "model_dump") else event
+        if not isinstance(e, dict):
+            return
+        self.chunks += 1
+        if e.get("type") in self._TERMINAL and isinstance(e.get("response"), dict):
+            self.final = e["response"]
+
+    def response(self) -> dict[str, Any] | None:
+        if self.final is None:
+            return None
+        return {**self.final, STREAM_KEY: {"chunks": self.chunks}}
+
+
+def _fold(acc: Any, chunk: Any) -> None:
     """Add one chunk; the first failure stops this stream's capture (the app still gets every chunk)."""
     if acc.failed:
         return
@@ -352,15 +451,16 @@ def _fold(acc: StreamAccumulator, chunk: Any) -> None:
         capture_error("openai.stream", e)
 
 
-def _finish(acc: StreamAccumulator, deliver: Callable[[dict], None]) -> None:
+def _finish(acc: Any, deliver: Callable[[dict], None]) -> None:
     if acc.failed:
         return
     with guarded("openai.capture"):
-        deliver(acc.response())
+        response = acc.response()
+        if response is not None:
+            deliver(response)
 
 
-def _tap(source: Iterator, deliver: Callable[[dict], None]) -> Iterator:
-    acc = StreamAccumulator()
+def _tap(source: Iterator, acc: Any, deliver: Callable[[dict], None]) -> Iterator:
     try:
         for chunk in source:
             _fold(acc, chunk)
@@ -370,8 +470,7 @@ def _tap(source: Iterator, deliver: Callable[[dict], None]) -> Iterator:
     _finish(acc, deliver)
 
 
-async def _atap(source: AsyncIterator, deliver: Callable[[dict], None]) -> AsyncIterator:
-    acc = StreamAccumulator()
+async def _atap(source: AsyncIterator, acc: Any, deliver: Callable[[dict], None]) -> AsyncIterator:
     try:
         async for chunk in source:
             _fold(acc, chunk)
@@ -384,27 +483,27 @@ async def _atap(source: AsyncIterator, deliver: Callable[[dict], None]) -> Async
 # -- recording -----------------------------------------------------------------------------------
 
 
-def _deliver(body: dict, response: dict | None, started: datetime) -> None:
+def _deliver(path: str, body: dict, response: dict | None, started: datetime) -> None:
     sink = RAW_SINK.get()
     if sink is not None and not sink.done:
-        sink.request, sink.response = dict(body), response
+        sink.request, sink.response, sink.path = dict(body), response, path
         sink.started_at, sink.ended_at = started, utcnow()
         return
     if response is None:
         return
-    fields = completion_fields(dict(body), response)
+    fields = call_fields(path, dict(body), response)
     if record_in_framework_task(fields, started):
         return
     rec = current_episode()
     if rec is None:
         return
-    texts = [m.get("content") or "" for m in fields["observation"]["messages"]]
-    rec.record_action(
+    aid = rec.record_action(
         fields["policy"]["name"],
-        depends_on=rec.producers_of(texts),
+        depends_on=message_dependencies(rec, fields["observation"]["messages"]),
         started_at=started,
         **fields,
     )
+    note_tool_calls(rec, aid, fields["output"].get("tool_calls"))
 
 
 def _handle(path: str | None, body: Any, extra: Any, result: Any, started: datetime, live: int | None) -> None:
@@ -414,7 +513,7 @@ def _handle(path: str | None, body: Any, extra: Any, result: Any, started: datet
     # ``extra_body`` (vLLM's top_k, return_token_ids, ...) travels apart and is merged into the JSON.
     body = {**body, **extra} if isinstance(extra, dict) else dict(body)
     if not body.get("stream"):
-        _deliver(body, _stamped(_response_dict(result), live), started)
+        _deliver(path, body, _stamped(_response_dict(result), live), started)
         return
     from openai import AsyncStream, Stream
     from openai._legacy_response import LegacyAPIResponse
@@ -424,14 +523,15 @@ def _handle(path: str | None, body: Any, extra: Any, result: Any, started: datet
     # Swap the stream's iterator for a tap: the app keeps its Stream object and gets the same chunks.
     # The tap delivers in a copy of this context, where the episode/node/sink of the call are current.
     ctx = contextvars.copy_context()
+    acc = ResponsesStreamAccumulator() if path == RESPONSES_PATH else StreamAccumulator()
 
     def deliver(response: dict) -> None:
-        ctx.run(_deliver, body, _stamped(response, live), started)
+        ctx.run(_deliver, path, body, _stamped(response, live), started)
 
     if isinstance(result, Stream):
-        result._iterator = _tap(result._iterator, deliver)
+        result._iterator = _tap(result._iterator, acc, deliver)
     elif isinstance(result, AsyncStream):
-        result._iterator = _atap(result._iterator, deliver)
+        result._iterator = _atap(result._iterator, acc, deliver)
 
 
 def _active() -> bool:
@@ -445,8 +545,12 @@ def _request_parts(options: Any) -> tuple[str | None, Any, Any]:
     return getattr(options, "url", None), getattr(options, "json_data", None), getattr(options, "extra_json", None)
 
 
+def installed() -> bool:
+    return bool(_originals)
+
+
 def install() -> None:
-    """Patch the openai client's ``request`` (sync and async). Idempotent.
+    """Patch the openai client's ``request`` (sync and async). Idempotent; a no-op without ``openai``.
 
     ``request`` is looked up on the client at call time, so clients built before this call are
     covered too (``post`` is bound into each resource when the client is built).
@@ -492,5 +596,7 @@ def uninstall() -> None:
     SyncAPIClient.request, AsyncAPIClient.request = _originals.pop("sync"), _originals.pop("async")
 
 
-__all__ = ["RAW_SINK", "REGISTRY_KEY", "STREAM_KEY", "LiveVersions", "RawCall", "StreamAccumulator", "completion_fields",
-           "install", "token_data", "uninstall", "use_registry"]
+__all__ = ["CHAT_PATH", "RAW_SINK", "REGISTRY_KEY", "RESPONSES_PATH", "STREAM_KEY", "LiveVersions", "RawCall",
+           "ResponsesStreamAccumulator", "StreamAccumulator", "call_dependencies", "call_fields", "completion_fields",
+           "emitter_of", "install", "installed", "message_dependencies", "note_tool_calls", "note_tool_step",
+           "responses_fields", "token_data", "uninstall", "use_registry"]

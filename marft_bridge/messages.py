@@ -1,0 +1,191 @@
+"""OpenAI-shape messages, responses and Responses-API items, parsed in one place.
+
+Every capture path (the raw ``openai`` client hook, OpenTelemetry spans, the embedded server)
+turns what it saw into the same ``Message`` / ``Output`` field dicts (``marft_bridge.schema``):
+
+- ``content_text(content)``: a message's content (a string or a list of content parts:
+  ``text``, ``input_text``, ``output_text``, ``refusal``) as one string;
+- ``tool_call(id, name, arguments)`` / ``tool_calls(calls)``: the chat-completions tool-call
+  shape ``{"id", "type": "function", "function": {"name", "arguments"}}`` with ``arguments``
+  always a JSON string (a dict or list is dumped with ``json.dumps``);
+- ``chat_message(m)``: one chat-completions message (role, content, name, tool_call_id, tool_calls);
+- ``chat_tools(tools)`` / ``chat_tool_choice(choice)``: the tools a request offered and its
+  ``tool_choice`` in the chat-completions function-tool shape (Responses-API flat function tools
+  are converted; other tool types are kept as they are);
+- ``responses_messages(instructions, input, unknown)``: a ``/responses`` request's
+  ``instructions`` (-> system message) and ``input`` (a string or items) as chat messages:
+  ``message`` items keep their role and text, ``function_call`` items become assistant
+  ``tool_calls`` (consecutive ones in one assistant message), ``function_call_output`` items tool
+  messages answering ``call_id``; items of other types (reasoning, built-in tool calls) are kept
+  as text (their JSON) and their types appended to ``unknown`` so the caller can count them;
+- ``responses_output(response)``: a Responses-API response's output text, tool calls and
+  finish reason; ``chat_output(response)`` the same for a chat completion.
+
+This module imports nothing but the standard library: capture, OTel and serving all use it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+_TEXT_PARTS = {"text", "input_text", "output_text", "refusal"}
+
+
+def content_text(content: Any) -> str | None:
+    """A message's content as one string; content parts are joined (non-text parts by their JSON)."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for p in content:
+            if isinstance(p, str):
+                out.append(p)
+            elif isinstance(p, dict):
+                if p.get("type") in _TEXT_PARTS or (p.get("type") is None and "text" in p):
+                    out.append(str(p.get("text") if p.get("text") is not None else p.get("refusal") or ""))
+            else:
+                out.append(str(p))
+        return "".join(out)
+    return str(content)
+
+
+def arguments_json(arguments: Any) -> str:
+    """Tool-call arguments as the JSON string the chat API carries (a string is kept as it is)."""
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps(arguments if arguments is not None else {}, default=str)
+
+
+def tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
+    return {"id": None if call_id is None else str(call_id), "type": "function",
+            "function": {"name": str(name or ""), "arguments": arguments_json(arguments)}}
+
+
+def tool_calls(calls: Any) -> list[dict[str, Any]] | None:
+    """Chat-completions tool calls, normalised (arguments as a JSON string); None when there are none."""
+    out = []
+    for c in calls or ():
+        if not isinstance(c, dict):
+            continue
+        fn = c.get("function") if isinstance(c.get("function"), dict) else {}
+        if fn or c.get("type") in (None, "function"):
+            out.append(tool_call(c.get("id"), fn.get("name") or c.get("name"),
+                                 fn.get("arguments", c.get("arguments"))))
+        else:  # a non-function tool call (custom tools): kept as it is
+            out.append(dict(c))
+    return out or None
+
+
+def chat_message(m: dict) -> dict[str, Any]:
+    """One chat-completions message in ``Message`` fields."""
+    out: dict[str, Any] = {"role": str(m.get("role") or "user"), "content": content_text(m.get("content"))}
+    for k in ("name", "tool_call_id"):
+        if m.get(k) is not None:
+            out[k] = str(m[k])
+    calls = tool_calls(m.get("tool_calls"))
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """The offered tools as chat-completions function tools (``{"type": "function", "function": {...}}``)."""
+    out = []
+    for t in tools or ():
+        if not isinstance(t, dict):
+            continue
+        if t.get("type") == "function" and "function" not in t and t.get("name"):  # Responses-API flat shape
+            fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
+            out.append({"type": "function", "function": fn})
+        else:
+            out.append(dict(t))
+    return out or None
+
+
+def chat_tool_choice(choice: Any) -> str | dict[str, Any] | None:
+    """``tool_choice`` in the chat-completions shape (``"auto"``, ``"none"``, ``"required"``, a named function)."""
+    if choice is None or isinstance(choice, str):
+        return choice
+    if isinstance(choice, dict):
+        if choice.get("type") == "function" and "function" not in choice and choice.get("name"):
+            return {"type": "function", "function": {"name": str(choice["name"])}}
+        return dict(choice)
+    return str(choice)
+
+
+def responses_messages(instructions: Any, items: Any, unknown: list[str] | None = None) -> list[dict[str, Any]]:
+    """A ``/responses`` request's instructions and input as chat messages (see the module docstring)."""
+    out: list[dict[str, Any]] = []
+    if instructions:
+        out.append({"role": "system", "content": content_text(instructions)})
+    if isinstance(items, str):
+        return out + [{"role": "user", "content": items}]
+    for item in items or ():
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind == "function_call":
+            call = tool_call(item.get("call_id") or item.get("id"), item.get("name"), item.get("arguments"))
+            prev = out[-1] if out else None
+            if prev is not None and prev["role"] == "assistant":  # text + calls of one turn: one chat message
+                prev.setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else content_text(output) if isinstance(output, list) \
+                else json.dumps(output, default=str)
+            out.append({"role": "tool", "tool_call_id": str(item.get("call_id")), "content": text})
+        elif kind in (None, "message") and item.get("role"):
+            out.append({"role": str(item["role"]), "content": content_text(item.get("content"))})
+        else:
+            if unknown is not None:
+                unknown.append(str(kind))
+            out.append({"role": str(item.get("role") or "user"), "content": json.dumps(item, default=str)})
+    return out
+
+
+def responses_output(response: dict, unknown: list[str] | None = None) -> dict[str, Any]:
+    """Output text, tool calls and finish reason of a Responses-API response (``Output`` fields)."""
+    texts, calls = [], []
+    for item in response.get("output") or ():
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind == "message":
+            texts.append(content_text(item.get("content")) or "")
+        elif kind == "function_call":
+            calls.append(tool_call(item.get("call_id") or item.get("id"), item.get("name"), item.get("arguments")))
+        elif kind != "reasoning" and unknown is not None:
+            unknown.append(str(kind))
+    status = response.get("status")
+    incomplete = (response.get("incomplete_details") or {}).get("reason") if isinstance(
+        response.get("incomplete_details"), dict) else None
+    finish = "tool_calls" if calls else ("length" if incomplete == "max_output_tokens" else
+                                         incomplete or ("stop" if status == "completed" else status))
+    return {"text": "".join(texts), "tool_calls": calls or None, "finish_reason": finish}
+
+
+def chat_output(response: dict) -> dict[str, Any]:
+    """Output text, tool calls and finish reason of the first choice of a chat completion."""
+    choice = (response.get("choices") or [{}])[0]
+    msg = choice.get("message") or {}
+    return {"text": content_text(msg.get("content")) or "", "tool_calls": tool_calls(msg.get("tool_calls")),
+            "finish_reason": choice.get("finish_reason")}
+
+
+def referenced_call_ids(messages: list[dict[str, Any]]) -> list[str]:
+    """Tool-call ids a conversation refers to: answered by tool messages or emitted by assistant turns."""
+    ids: list[str] = []
+    for m in messages:
+        if m.get("tool_call_id"):
+            ids.append(str(m["tool_call_id"]))
+        for c in m.get("tool_calls") or ():
+            if isinstance(c, dict) and c.get("id"):
+                ids.append(str(c["id"]))
+    return list(dict.fromkeys(ids))
+
+
+__all__ = ["arguments_json", "chat_message", "chat_output", "chat_tool_choice", "chat_tools", "content_text",
+           "referenced_call_ids", "responses_messages", "responses_output", "tool_call", "tool_calls"]
