@@ -65,3 +65,64 @@ def test_two_gloo_processes_end_a_step_with_identical_adapters(tiny_model_dir, t
         assert r0 == (tmp_path / "rank1" / agent / f).read_bytes()
         assert (tmp_path / "init0" / agent / f).read_bytes() == (tmp_path / "init1" / agent / f).read_bytes()
         assert r0 != (tmp_path / "init0" / agent / f).read_bytes()  # the step did change them
+
+
+COLLECTIVES = textwrap.dedent("""
+    import sys, torch
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from marft_bridge.trainers import distributed as D
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    seen = []
+    real = dist.all_reduce
+    def recording(t, *a, **kw):  # every tensor handed to a collective, with its device
+        seen.append((str(t.device), t.numel()))
+        return real(t, *a, **kw)
+    dist.all_reduce = recording
+    params = [torch.nn.Parameter(torch.zeros(3, 2)), torch.nn.Parameter(torch.zeros(5)), torch.nn.Parameter(torch.zeros(4))]
+    for k, p in enumerate(params[:2]):
+        p.grad = torch.full_like(p, float(rank + 1) * (k + 1))  # rank 0: 1, 2; rank 1: 2, 4
+    # params[2] has no gradient on either rank (counts as zeros); rank 0 had 3 tokens, rank 1 had 1.
+    total = D.all_reduce_gradients(params, weight=3.0 if rank == 0 else 1.0, device=torch.device("cpu"))
+    small = D.all_reduce_gradients(params, weight=3.0 if rank == 0 else 1.0, device=torch.device("cpu"),
+                                   bucket_bytes=40)
+    counts = D.sum_floats([1.0, float(rank)], torch.device("cpu"))
+    with open(sys.argv[1] + f"/r{rank}.txt", "w") as f:
+        f.write(repr({"total": total, "g": [p.grad.tolist() for p in params], "seen": seen, "counts": counts}))
+    dist.destroy_process_group()
+""")
+
+
+def run_torchrun(script, args, tmp_path, timeout=240):
+    (tmp_path / "script.py").write_text(script)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(tmp_path / "script.py"), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # only the process group this test started
+        out, _ = proc.communicate()
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def test_flat_token_weighted_gradient_all_reduce(tmp_path):
+    import ast
+
+    run_torchrun(COLLECTIVES, [str(tmp_path)], tmp_path, timeout=120)
+    r0, r1 = (ast.literal_eval((tmp_path / f"r{k}.txt").read_text()) for k in (0, 1))
+    assert r0["g"] == r1["g"]
+    # Token-weighted: (3 * 1 + 1 * 2) / 4 = 1.25 and (3 * 2 + 1 * 4) / 4 = 2.5 (a per-rank mean would be 1.5, 3).
+    # (After the second call the inputs were already averaged, so the weighted mean of equal values is unchanged.)
+    assert r0["g"][0] == [[1.25, 1.25]] * 3 and r0["g"][1] == [2.5] * 5 and r0["g"][2] == [0.0] * 4
+    assert r0["total"] == 4.0 and r0["counts"] == [2.0, 1.0]
+    seen = r0["seen"]
+    assert all(dev == "cpu" for dev, _ in seen)  # the trainer's device here; NCCL would need cuda
+    # One flat all-reduce for the adapter (6 + 5 + 4 values + the weight); with 40-byte buckets
+    # [p0 + weight] = 7, [p1, p2] = 9 (24 + 20 bytes would overflow the first); then the counts (2).
+    assert [n for _, n in seen] == [16, 7, 9, 2]

@@ -1,7 +1,14 @@
 """One base model, one named peft LoRA adapter per agent (plus the critic's), log-probs under temperature.
 
 * Base weights: bf16 on CUDA, fp32 on CPU, frozen. Adapter weights and the value head: fp32 always
-  (the reference trained LoRA in fp16 without loss scaling).
+  (the reference trained LoRA in fp16 without loss scaling). On CUDA the base and LoRA matmuls run
+  under bf16 autocast; the LM head's logits and all loss math are fp32.
+* Attention: ``sdpa`` (PyTorch's fused kernels: flash / memory-efficient on CUDA, no (T x T)
+  matrix kept for backward), falling back to the model's default where a model has no sdpa path.
+* Gradient checkpointing of the decoder layers (``gradient_checkpointing``; ``None`` = on for CUDA):
+  non-reentrant ``torch.utils.checkpoint`` through transformers, plus peft's input-grad hook
+  (``enable_input_require_grads``) so checkpointed segments see an input that needs a gradient.
+  It is active only in train mode, i.e. in the gradient passes; the no-grad passes keep nothing.
 * ``shared_adapter`` (and ``single_agent`` mode) map every agent onto one adapter.
 * Log-probs are computed under the temperature the action was sampled with: logits / T, then
   log-softmax. top-k / top-p are *not* re-applied: their truncation set moves as the policy changes,
@@ -9,24 +16,26 @@
   distribution is the smooth policy the behaviour log-probs are compared against (serve with
   ``--logprobs-mode processed_logprobs`` and top-k/top-p off, or expect the capped behaviour weight
   to absorb the difference).
-* Only the rows that predict action tokens go through the LM head, so no (batch, tokens, vocab)
-  tensor is ever materialised.
+* Only the rows that predict action tokens go through the LM head, in chunks of at most
+  ``logits_chunk_tokens`` rows (logprobs.py), so no (tokens, vocab) tensor is ever materialised.
 * The reference policy for the KL term is the base model itself: ``disable_adapter()``.
+* On-policy sampling (``sample``) is KV-cached: one prefill of the left-padded prompts, then one
+  token per step, O(L) per sequence rather than re-running the whole sequence for every token.
 """
 
 from __future__ import annotations
 
-import warnings
-
+import itertools
 import re
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
 from ..errors import MarftError
-from . import losses as L
 from .config import MarftConfig
+from .logprobs import DEFAULT_CHUNK_TOKENS, chunked_logprobs
 
 CRITIC_ADAPTER = "marft_critic"
 
@@ -45,6 +54,11 @@ def adapter_name(agent: str) -> str:
     return name if name not in "lora_" else f"agent_{name}"
 
 
+def option(config: MarftConfig, name: str, default):
+    """A scale option of the config, or its default where the config has no such field."""
+    return getattr(config, name, default)
+
+
 @dataclass
 class Packed:
     """A right-padded batch of (observation + action) sequences and where the action tokens are."""
@@ -58,22 +72,32 @@ class Packed:
 
 
 def pack(obs: list[list[int]], acts: list[list[int]], pad_id: int, device) -> Packed:
-    lengths = [len(o) + len(a) for o, a in zip(obs, acts)]
-    t = max(lengths)
+    """Right-pad the sequences o + a into (B, T) with vectorised index arithmetic (no per-token loop)."""
+    olen = torch.tensor([len(o) for o in obs], dtype=torch.long)  # (B,)
+    alen = torch.tensor([len(a) for a in acts], dtype=torch.long)  # (B,)
+    lengths = olen + alen
+    t = int(lengths.max())
+    mask = torch.arange(t)[None, :] < lengths[:, None]  # (B, T): row-major order = concatenation order
     ids = torch.full((len(obs), t), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(obs), t), dtype=torch.long)
-    rows, cols, targets = [], [], []
-    for b, (o, a) in enumerate(zip(obs, acts)):
-        seq = o + a
-        ids[b, : len(seq)] = torch.tensor(seq)
-        mask[b, : len(seq)] = 1
-        for j, tok in enumerate(a):
-            rows.append(b)
-            cols.append(len(o) - 1 + j)
-            targets.append(tok)
-    as_t = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
-    return Packed(ids.to(device), mask.to(device), as_t(rows), as_t(cols), as_t(targets),
-                  as_t([len(o) - 1 for o in obs]))
+    ids[mask] = torch.tensor(list(itertools.chain.from_iterable(o + a for o, a in zip(obs, acts))), dtype=torch.long)
+    rows = torch.repeat_interleave(torch.arange(len(obs)), alen)  # (N,)
+    start = torch.cumsum(alen, 0) - alen  # (B,) first action token of each row in the flat order
+    j = torch.arange(int(alen.sum())) - torch.repeat_interleave(start, alen)  # (N,) index inside its action
+    cols = torch.repeat_interleave(olen - 1, alen) + j  # position o_len - 1 + j predicts action token j
+    targets = torch.tensor(list(itertools.chain.from_iterable(acts)), dtype=torch.long)
+    return Packed(ids.to(device), mask.long().to(device), rows.to(device), cols.to(device), targets.to(device),
+                  (olen - 1).to(device))
+
+
+def _load_base(path, dtype):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
+    except ValueError as e:
+        if "sdpa" not in str(e).lower():
+            raise
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)  # architecture without an sdpa path
 
 
 class MultiAgentPolicy:
@@ -81,20 +105,27 @@ class MultiAgentPolicy:
 
     def __init__(self, base_model_path, agents: list[str], config: MarftConfig, device: torch.device):
         from peft import LoraConfig, get_peft_model
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         self.config = config
         self.device = device
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(base_model_path))
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-            base = AutoModelForCausalLM.from_pretrained(str(base_model_path), dtype=dtype)
+            base = _load_base(base_model_path, dtype)
         except (OSError, ValueError) as e:
             raise MarftError(f"cannot load base model {base_model_path}: {e}") from None
         base.to(device)
         base.requires_grad_(False)
         self.vocab_size = base.config.vocab_size
         self.max_context = config.max_context or getattr(base.config, "max_position_embeddings", None) or 2048
+        self.chunk_tokens = option(config, "logits_chunk_tokens", DEFAULT_CHUNK_TOKENS)
+        ckpt = option(config, "gradient_checkpointing", None)
+        self.gradient_checkpointing = device.type == "cuda" if ckpt is None else bool(ckpt)
+        if self.gradient_checkpointing:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            base.enable_input_require_grads()  # peft's hook: checkpointed inputs need a gradient
+            base.config.use_cache = False
         if not agents:
             raise MarftError("no agents to train: pass agents=[...] or episodes with llm actions")
         self.agents = list(dict.fromkeys(agents))
@@ -144,22 +175,27 @@ class MultiAgentPolicy:
         self.model.set_adapter(adapter)
         return nullcontext()
 
+    def autocast(self):
+        """bf16 autocast on CUDA (base and LoRA matmuls; fp32 master weights stay fp32), else nothing."""
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return nullcontext()
+
     # -- forward passes ------------------------------------------------------------------------------
 
     def hidden(self, packed: Packed) -> torch.Tensor:
-        out = self.backbone(input_ids=packed.input_ids, attention_mask=packed.attention_mask)
+        with self.autocast():
+            out = self.backbone(input_ids=packed.input_ids, attention_mask=packed.attention_mask, use_cache=False)
         return out.last_hidden_state
 
     def token_logprobs(self, adapter: str | None, packed: Packed, temperature: torch.Tensor,
                        with_entropy: bool = False):
         """Per action token: log pi(y_t | o, y_<t) under logits / T, the entropy of that distribution
-        (or None) and the hidden states (B, T, H)."""
+        (or None) and the hidden states (B, T, H). The LM head runs chunked (logprobs.py)."""
         with self.activate(adapter):
             h = self.hidden(packed)
-        logits = self.lm_head(h[packed.rows, packed.cols]).float() / temperature[:, None]
-        logp_all = torch.log_softmax(logits, dim=-1)
-        logp = logp_all.gather(-1, packed.targets[:, None]).squeeze(-1)
-        ent = L.entropy(logp_all) if with_entropy else None
+        logp, ent = chunked_logprobs(h[packed.rows, packed.cols], self.lm_head, packed.targets, temperature,
+                                     self.chunk_tokens, with_entropy)
         return logp, ent, h
 
     @torch.no_grad()
@@ -167,33 +203,42 @@ class MultiAgentPolicy:
                generator: torch.Generator | None = None, use_adapter: bool = True):
         """Sample completions with the agent's adapter (pure temperature sampling, seeded generator).
 
-        Returns ``[(token_ids, logprobs)]`` per prompt; log-probs are under logits / temperature,
-        exactly what the trainer recomputes. Prompts of equal length run as one batch.
+        Returns ``[(token_ids, logprobs)]`` per prompt; log-probs are log-softmax(logits / T), exactly
+        what the trainer recomputes and what ``marft serve`` reports with top-k/top-p off. All prompts
+        run as one left-padded batch with a KV cache: a prefill, then one token per step.
         """
         adapter = self.adapter_of[agent] if use_adapter else None
         eos = self.tokenizer.eos_token_id
-        results: list = [None] * len(prompt_ids)
-        groups: dict[int, list[int]] = {}
-        for i, p in enumerate(prompt_ids):
-            groups.setdefault(len(p), []).append(i)
-        with self.activate(adapter):
-            for idx in groups.values():
-                seqs = torch.tensor([prompt_ids[i] for i in idx], dtype=torch.long, device=self.device)
-                toks = [[] for _ in idx]
-                lps = [[] for _ in idx]
-                alive = [True] * len(idx)
-                for _ in range(max_new_tokens):
-                    h = self.backbone(input_ids=seqs).last_hidden_state[:, -1]
-                    logp = torch.log_softmax(self.lm_head(h).float() / temperature, dim=-1)
-                    nxt = torch.multinomial(logp.exp().cpu(), 1, generator=generator).squeeze(-1)
-                    for j, tok in enumerate(nxt.tolist()):
-                        if alive[j]:
-                            toks[j].append(tok)
-                            lps[j].append(float(logp[j, tok]))
-                            alive[j] = tok != eos
-                    if not any(alive):
-                        break
-                    seqs = torch.cat([seqs, nxt[:, None].to(self.device)], dim=1)
-                for j, i in enumerate(idx):
-                    results[i] = (toks[j], lps[j])
-        return results
+        n = len(prompt_ids)
+        if n == 0:
+            return []
+        width = max(len(p) for p in prompt_ids)
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((n, width), dtype=torch.long)
+        for i, p in enumerate(prompt_ids):  # left padding: every row's next token is in the last column
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            attn[i, width - len(p):] = 1
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, T) positions as if unpadded
+        toks: list[list[int]] = [[] for _ in range(n)]
+        lps: list[list[float]] = [[] for _ in range(n)]
+        alive = [True] * n
+        with self.activate(adapter), self.autocast():
+            out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
+                             logits_to_keep=1)
+            for _ in range(max_new_tokens):
+                logp = torch.log_softmax(out.logits[:, -1].float() / temperature, dim=-1)  # (B, V)
+                nxt = torch.multinomial(logp.exp().cpu(), 1, generator=generator).squeeze(-1)  # (B,)
+                chosen = logp.gather(-1, nxt.to(self.device)[:, None]).squeeze(-1).tolist()
+                for j, tok in enumerate(nxt.tolist()):
+                    if alive[j]:
+                        toks[j].append(tok)
+                        lps[j].append(float(chosen[j]))
+                        alive[j] = tok != eos
+                if not any(alive):
+                    break
+                attn = torch.cat([attn, attn.new_ones((n, 1))], dim=1)
+                pos = pos[:, -1:] + 1
+                out = self.model(input_ids=nxt[:, None].to(self.device), attention_mask=attn, position_ids=pos,
+                                 past_key_values=out.past_key_values, use_cache=True)
+        return list(zip(toks, lps))
