@@ -17,29 +17,40 @@ One ``ContinuousService`` round:
 State (cursor, pending episode ids, versions, the accepted checkpoint) lives in ``state_dir``, so a
 restarted service resumes where it stopped. Every decision is logged with its reason and appended
 to ``state_dir/decisions.jsonl``; ``marft service status`` prints them.
+
+A kill -9 at any point of a round leaves exactly one published version per agent per round: the round
+writes a journal (``round.json``: round id, phase, the candidate adapters' sha256) before it trains and
+again before it publishes; each published version's manifest carries the round id. A restart reads the
+journal first: a round killed while training or gating published nothing and runs again from the
+accepted checkpoint; one killed while publishing adopts the versions it already published (found by
+round id and checked by sha256), publishes the rest and finishes; one killed while replacing the
+accepted checkpoint completes the replacement (written beside, fsynced, renamed; the old copy is kept
+until the new one is whole). The restart logs a ``resume`` decision saying what it found and did.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import math
 import os
 import shutil
 import time
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from . import durable
 from .errors import MarftError
 
 log = logging.getLogger("marft_bridge.service")
 
 STATE_FILE = "state.json"
 DECISIONS_FILE = "decisions.jsonl"
+JOURNAL_FILE = "round.json"  # the round in progress; present after a restart only if it was interrupted
 
 
 class PublisherConfig(BaseModel):
@@ -79,6 +90,22 @@ class ServiceConfig(BaseModel):
         from .config_files import load_yaml_config
 
         return load_yaml_config(cls, path)
+
+
+class ServiceJournal(BaseModel):
+    """The round in progress (``round.json``), written durably before each phase that a kill must not repeat."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str  # round id, stamped into every version the round publishes
+    round: int
+    phase: Literal["training", "publishing", "checkpointing", "baseline"]
+    started: str
+    agents: list[str] = Field(default_factory=list)
+    sha256: dict[str, str] = Field(default_factory=dict)  # agent -> candidate adapter weights
+    previous: dict[str, int | None] = Field(default_factory=dict)
+    episodes: list[str] = Field(default_factory=list)
+    summary: dict[str, Any] = Field(default_factory=dict)
 
 
 class ServiceState(BaseModel):
@@ -122,6 +149,8 @@ class ContinuousService:
                           for p in config.publishers]
         self.publishers = list(publishers)
         self.eval_fn = eval_fn or (load_function(config.eval_function) if config.eval_function else None)
+        self._recovered: str | None = None
+        self._recovery_done = False
         self.state = self._load_state()
         self._trainer = None
 
@@ -132,21 +161,35 @@ class ContinuousService:
         return ServiceState.model_validate_json(p.read_text()) if p.is_file() else ServiceState()
 
     def _save_state(self) -> None:
-        p = self.dir / STATE_FILE
-        tmp = p.with_suffix(".tmp")
-        tmp.write_text(self.state.model_dump_json(indent=2))
-        os.replace(tmp, p)  # a crash leaves the old state or the new one, never half
+        durable.write_json(self.dir / STATE_FILE, self.state.model_dump(mode="json"))
+
+    def _journal(self) -> dict | None:
+        p = self.dir / JOURNAL_FILE
+        return ServiceJournal.model_validate_json(p.read_text()).model_dump() if p.is_file() else None
+
+    def _write_journal(self, journal: dict) -> None:
+        durable.write_json(self.dir / JOURNAL_FILE, ServiceJournal(**journal).model_dump(mode="json"))
+
+    def _end_journal(self) -> None:
+        (self.dir / JOURNAL_FILE).unlink(missing_ok=True)
 
     def decide(self, decision: str, reason: str, **details: Any) -> dict:
         row = {"time": datetime.now(timezone.utc).isoformat(), "round": self.state.round,
                "decision": decision, "reason": reason, **details}
         log.info("service %s: %s", decision, reason)
-        with open(self.dir / DECISIONS_FILE, "a") as f:
-            f.write(json.dumps(row, default=str) + "\n")
+        durable.append_json_line(self.dir / DECISIONS_FILE, row)
         return row
+
+    def _recover(self) -> None:
+        """Once, before the accepted checkpoint is read: after a kill while it was being replaced, keep the
+        whole copy (reported in the resume decision). Not in __init__: ``status`` must change nothing."""
+        if not self._recovery_done:
+            self._recovered = durable.recover_dir(self.dir / "accepted")
+            self._recovery_done = True
 
     @property
     def trainer(self):
+        self._recover()
         if self._trainer is None:
             from .trainers.config import MarftConfig
             from .trainers.marft import MarftTrainer
@@ -190,7 +233,13 @@ class ContinuousService:
                 return
 
     def step(self) -> dict:
-        """One round: poll, then watch for regressions, then train/gate when enough data arrived."""
+        """One round: finish an interrupted one, poll, watch for regressions, train/gate when enough data arrived."""
+        self._recover()
+        journal = self._journal()
+        if journal is not None:
+            finished = self._resume(journal)
+            if finished is not None:
+                return finished
         n = self.poll()
         if self.state.watch:
             rolled = self._check_regression()
@@ -211,8 +260,18 @@ class ContinuousService:
         baseline = self.dir / "baseline"
         shutil.rmtree(baseline, ignore_errors=True)
         self.trainer.save_adapters(baseline)
-        versions = self.promote(baseline, metrics={}, agents=fresh)
-        self.decide("baseline", "published the untrained adapters as the first live version", versions=versions)
+        durable.fsync_tree(baseline)
+        journal = {"id": uuid.uuid4().hex, "round": self.state.round, "phase": "baseline", "started": _now(),
+                   "agents": fresh, "sha256": _weights_sha(baseline, fresh)}
+        self._write_journal(journal)
+        self._publish_baseline(journal)
+
+    def _publish_baseline(self, journal: dict) -> None:
+        versions = self.promote(self.dir / "baseline", metrics={}, agents=journal["agents"],
+                                round_id=journal["id"], sha256=journal["sha256"])
+        self.decide("baseline", "published the untrained adapters as the first live version", versions=versions,
+                    round_id=journal["id"])
+        self._end_journal()
 
     def run(self, max_rounds: int | None = None, stop: Callable[[], bool] | None = None) -> None:
         rounds = 0
@@ -227,6 +286,8 @@ class ContinuousService:
     def _train_round(self) -> dict:
         cfg = self.config
         self.state.round += 1
+        journal = {"id": uuid.uuid4().hex, "round": self.state.round, "phase": "training", "started": _now()}
+        self._write_journal(journal)  # a kill from here to the gate publishes nothing: the round reruns
         ids = self.state.pending[-cfg.max_train_episodes:]
         episodes = [self.store.get_episode(i) for i in ids]
         trainer = self.trainer
@@ -237,37 +298,86 @@ class ContinuousService:
         shutil.rmtree(candidate, ignore_errors=True)
         trainer.save_adapters(candidate / "adapters")
         trainer.save_checkpoint(candidate / "checkpoint")
+        durable.fsync_tree(candidate)
         new_score = self.evaluate({a: candidate / "adapters" / a for a in cfg.agents}, candidate=True)
         live_score = self.evaluate({a: self.registry.path(a) for a in cfg.agents}, candidate=False)
-        self.state.pending = []
         summary = {"candidate_score": new_score, "live_score": live_score, "episodes": len(ids),
                    "reward_mean": metrics.get("reward_mean")}
         if new_score < live_score - cfg.gate_margin:
             self._restore_accepted()
-            row = self.decide("refuse", f"candidate scored {new_score:.4f} < live {live_score:.4f} - margin "
-                              f"{cfg.gate_margin}", **summary)
+            self.state.pending = []
             self._save_state()
+            row = self.decide("refuse", f"candidate scored {new_score:.4f} < live {live_score:.4f} - margin "
+                              f"{cfg.gate_margin}", round_id=journal["id"], **summary)
+            self._end_journal()
             return row
-        previous = {a: self.registry.current(a) for a in cfg.agents}
-        versions = self.promote(candidate / "adapters", metrics={"eval_score": new_score})
-        accepted = self.dir / "accepted"
-        shutil.rmtree(accepted, ignore_errors=True)
-        shutil.copytree(candidate / "checkpoint", accepted)
-        self.state.watch = {"versions": versions, "previous": previous}
-        for ep in episodes:  # the baseline: what the previous versions earned on the training episodes
-            self._watch(ep)
-        row = self.decide("promote", f"candidate scored {new_score:.4f} >= live {live_score:.4f} - margin "
-                          f"{cfg.gate_margin}", versions=versions, **summary)
+        journal.update(phase="publishing", agents=list(cfg.agents), episodes=ids, summary=summary,
+                       sha256=_weights_sha(candidate / "adapters", cfg.agents),
+                       previous={a: self.registry.current(a) for a in cfg.agents})
+        self._write_journal(journal)  # from here on a restart finishes this round instead of rerunning it
+        return self._finish_round(journal)
+
+    def _finish_round(self, journal: dict) -> dict:
+        """Publish (adopting what this round already published), replace the accepted checkpoint, start
+        watching, log the promotion. Idempotent: a restart after a kill anywhere in it runs it again."""
+        cfg, summary = self.config, journal["summary"]
+        candidate = self.dir / "candidate"
+        versions = self.promote(candidate / "adapters", metrics={"eval_score": summary["candidate_score"]},
+                                round_id=journal["id"], sha256=journal["sha256"])
+        if journal["phase"] != "checkpointing":
+            journal["phase"] = "checkpointing"
+            self._write_journal(journal)
+        durable.replace_dir(candidate / "checkpoint", self.dir / "accepted")
+        self.state.pending = []
+        self.state.watch = {"versions": versions, "previous": journal["previous"]}
+        for eid in journal["episodes"]:  # the baseline: what the previous versions earned on the training episodes
+            self._watch(self.store.get_episode(eid))
         self._save_state()
+        row = self.decide("promote", f"candidate scored {summary['candidate_score']:.4f} >= live "
+                          f"{summary['live_score']:.4f} - margin {cfg.gate_margin}", versions=versions,
+                          round_id=journal["id"], **summary)
+        self._end_journal()
         return row
 
-    def promote(self, adapters_dir: Path, metrics: dict, agents: list[str] | None = None) -> dict[str, int]:
-        """Publish each agent's adapter as a new registry version and load it into every server."""
+    def _resume(self, journal: dict) -> dict | None:
+        """A restart found the journal of a round a kill interrupted: finish it or let it rerun, and say so."""
+        phase, rid = journal["phase"], journal["id"]
+        extra = {"checkpoint": self._recovered} if self._recovered else {}
+        self.state.round = journal["round"]
+        if phase == "training":
+            self.state.round -= 1  # the round runs again under its number
+            self._save_state()
+            self._end_journal()
+            self.decide("resume", f"round {journal['round']} was interrupted while training or gating; nothing "
+                        "was published; it runs again from the accepted checkpoint", round_id=rid, phase=phase,
+                        adopted={}, **extra)
+            return None
+        adopted = {a: v for a in journal["agents"] if (v := self.registry.version_of_round(a, rid)) is not None}
+        what = "the baseline publication" if phase == "baseline" else f"round {journal['round']}"
+        done = ", ".join(f"{a} v{v}" for a, v in adopted.items()) or "none"
+        self.decide("resume", f"{what} was interrupted while {'publishing' if phase == 'baseline' else phase}; "
+                    f"adopting the versions it had published ({done}), publishing the rest and finishing it",
+                    round_id=rid, phase=phase, adopted=adopted, **extra)
+        if phase == "baseline":
+            self._publish_baseline(journal)
+            return None
+        return self._finish_round(journal)
+
+    def promote(self, adapters_dir: Path, metrics: dict, agents: list[str] | None = None, *,
+                round_id: str | None = None, sha256: dict[str, str] | None = None) -> dict[str, int]:
+        """Publish each agent's adapter as a new registry version and load it into every server. With a
+        ``round_id``, a version that round already published (a restart after a kill) is adopted instead
+        of published again."""
         versions = {}
         for agent in agents or self.config.agents:
-            v = self.registry.publish(agent, adapters_dir / agent, metrics=metrics,
-                                      config=self.trainer.config.model_dump(mode="json"))
-            versions[agent] = self._serve(agent, v)
+            v = self.registry.version_of_round(agent, round_id) if round_id else None
+            if v is not None and sha256 and self.registry.manifest(agent, v).sha256 != sha256.get(agent):
+                raise MarftError(f"registry {agent} v{v} carries round {round_id} but not its adapter (sha256 "
+                                 "differs); refusing to adopt it")
+            if v is None:
+                v = self.registry.publish(agent, adapters_dir / agent, metrics=metrics, round_id=round_id,
+                                          config=self.trainer.config.model_dump(mode="json"))
+            versions[agent] = v if self.registry.current(agent) == v else self._serve(agent, v)
         return versions
 
     def _serve(self, agent: str, version: int | None = None) -> int:
@@ -332,9 +442,20 @@ class ContinuousService:
         return row
 
     def status(self) -> dict:
-        decisions = []
-        p = self.dir / DECISIONS_FILE
-        if p.is_file():
-            decisions = [json.loads(line) for line in p.read_text().splitlines()[-10:]]
+        decisions = durable.read_json_lines(self.dir / DECISIONS_FILE)
         return {"state": self.state.model_dump(), "versions": {a: self.registry.current(a) for a in self.config.agents},
-                "recent_decisions": decisions}
+                "interrupted_round": self._journal(),  # a round a kill stopped; the next start finishes or reruns it
+                "resumes": [d for d in decisions if d.get("decision") == "resume"][-10:],
+                "recent_decisions": decisions[-10:]}
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def _weights_sha(adapters_dir: Path, agents: list[str]) -> dict[str, str]:
+    import hashlib
+
+    from .serving.adapter_files import WEIGHTS_FILE
+
+    return {a: hashlib.sha256((adapters_dir / a / WEIGHTS_FILE).read_bytes()).hexdigest() for a in agents}

@@ -47,6 +47,9 @@ class AdapterManifest(BaseModel):
     rank: int
     target_modules: list[str]
     sha256: str  # of adapter_model.safetensors
+    # The publishing service round (``marft service``): a restart after a kill finds the versions an
+    # interrupted round already published and adopts them instead of publishing again.
+    round_id: str | None = None
 
 
 class AdapterVersion(BaseModel):
@@ -126,6 +129,11 @@ class AdapterRegistry:
                 rows.append(AdapterVersion(manifest=self.manifest(a, v), path=str(self.path(a, v)), current=v == cur))
         return rows
 
+    def version_of_round(self, agent: str, round_id: str) -> int | None:
+        """The version of ``agent`` that publishing round ``round_id`` made (None: it made none)."""
+        found = [v for v in self.versions(agent) if self.manifest(agent, v).round_id == round_id]
+        return found[-1] if found else None
+
     def resolve(self, path: str | Path) -> tuple[str, int]:
         """``(agent, version)`` of a version directory, refusing anything outside the registry root
         (symlinks are followed first, so a link cannot point out of it)."""
@@ -155,6 +163,7 @@ class AdapterRegistry:
         config: dict[str, Any] | None = None,
         promote: bool = False,
         publisher: Publisher | None = None,
+        round_id: str | None = None,
     ) -> int:
         """Copy a peft adapter directory (``source_dir`` or ``source_dir/<agent>``) into a new version
         ``v<N>`` and return N. The adapter is vetted first; a bad one raises ``AdapterError`` and
@@ -192,6 +201,7 @@ class AdapterRegistry:
                     rank=info.rank,
                     target_modules=list(info.target_modules),
                     sha256=_sha256(tmp / WEIGHTS_FILE),
+                    round_id=round_id,
                 )
                 (tmp / MANIFEST_FILE).write_text(manifest.model_dump_json(indent=2))
                 try:
