@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "marft_bridge.serving.cli",
     "marft_bridge.trainers.cli",
     "marft_bridge.commands",
+    "marft_bridge.ui.cli",
 ]
 
 
