@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
+from ..registry_state import AGENT_NAME, STATE_FILE
+from ..registry_state import read_state_file as read_state
 from .adapter_files import CONFIG_FILE, WEIGHTS_FILE, AdapterError, base_fingerprint, find_adapter_dir, inspect_adapter
 
 if TYPE_CHECKING:
     from .publishers import Publisher
 
 MANIFEST_FILE = "manifest.json"
-STATE_FILE = "state.json"
-AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 VERSION_DIR = re.compile(r"^v([1-9][0-9]{0,8})$")
 
 
@@ -69,13 +69,6 @@ def check_agent_name(agent: str) -> str:
 def state_file(root: str | Path, agent: str) -> Path:
     """Where ``agent``'s state (current version, promotion history) lives under registry ``root``."""
     return Path(root) / check_agent_name(agent) / STATE_FILE
-
-
-def read_state(path: Path) -> dict:
-    """A state file's content, without creating anything; an agent never promoted has none."""
-    if not path.is_file():
-        return {"current": None, "history": []}
-    return json.loads(path.read_text())
 
 
 def _sha256(path: Path) -> str:
@@ -120,6 +113,10 @@ class AdapterRegistry:
 
     def current(self, agent: str) -> int | None:
         return self._state(agent)["current"]
+
+    def history(self, agent: str) -> list[int]:
+        """The versions promoted, oldest first, as ``rollback`` walks them back."""
+        return list(self._state(agent)["history"])
 
     def list(self, agent: str | None = None) -> list[AdapterVersion]:
         rows = []
