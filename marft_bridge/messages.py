@@ -11,7 +11,7 @@ turns what it saw into the same ``Message`` / ``Output`` field dicts (``marft_br
 - ``chat_message(m)``: one chat-completions message (role, content, name, tool_call_id, tool_calls);
 - ``chat_tools(tools)`` / ``chat_tool_choice(choice)``: the tools a request offered and its
   ``tool_choice`` in the chat-completions function-tool shape (Responses-API flat function tools
-  are converted; other tool types are kept as they are);
+  are converted; other tool types are listed apart);
 - ``responses_messages(instructions, input, unknown)``: a ``/responses`` request's
   ``instructions`` (-> system message) and ``input`` (a string or items) as chat messages:
   ``message`` items keep their role and text, ``function_call`` items become assistant
@@ -89,17 +89,21 @@ def chat_message(m: dict) -> dict[str, Any]:
     return out
 
 
-def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
-    """The offered tools as chat-completions function tools (``{"type": "function", "function": {...}}``)."""
+def chat_tools(tools: Any, other: list[str] | None = None) -> list[dict[str, Any]] | None:
+    """The offered function tools in the chat-completions shape (``{"type": "function", "function": {...}}``);
+    Responses-API flat function tools are converted. Other tool types (built-in web search, ...) are
+    not function tools: their types are appended to ``other``."""
     out = []
     for t in tools or ():
         if not isinstance(t, dict):
             continue
-        if t.get("type") == "function" and "function" not in t and t.get("name"):  # Responses-API flat shape
+        if t.get("type") == "function" and isinstance(t.get("function"), dict):
+            out.append(dict(t))
+        elif t.get("type") == "function" and t.get("name"):  # Responses-API flat shape
             fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
             out.append({"type": "function", "function": fn})
-        else:
-            out.append(dict(t))
+        elif other is not None:
+            other.append(str(t.get("type")))
     return out or None
 
 
