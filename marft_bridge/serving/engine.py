@@ -12,11 +12,17 @@ flight keep the old weights until they finish. A replaced slot no request uses a
 as the agent's spare (one per agent): the next swap of that agent with the same LoRA shape copies
 its weights into the spare instead of building new modules, so decoding pauses for a weight copy
 rather than a full peft load (``benchmarks/hotswap.py`` times both). Other replaced slots are deleted.
+
+Faults stay with the request that caused them: a request whose setup, prefill, sampling or
+detokenising fails gets its error and leaves; the other rows go on untouched (each samples with its
+own generator). A fault in the loop itself (a decode step, a merge) fails the requests in flight and
+the loop restarts; ``health()`` counts the restarts and keeps the last fault.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import queue
 import random
 import threading
@@ -29,6 +35,10 @@ from typing import Any, Callable
 
 from ..errors import MarftError
 from .adapter_files import WEIGHTS_FILE, AdapterError, base_fingerprint, check_against_base, inspect_adapter
+from .batching import Batch, RowState
+
+log = logging.getLogger(__name__)
+MAX_SEED = 2**63 - 1  # the seed range vLLM and OpenAI accept
 
 BASE_ROW = "__base__"  # peft's name for "no adapter" in a mixed batch
 # LoraConfig fields that do not change an adapter's modules: a spare slot with the same rest can take it.
@@ -41,7 +51,15 @@ class UnknownAdapter(MarftError):
 
 
 class RequestError(MarftError):
-    """A request the engine cannot serve as asked (too long, bad settings)."""
+    """A request the engine cannot serve as asked (too long, bad settings); ``param`` names the field."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+class WorkerFault(MarftError):
+    """The engine's worker failed while this request was in flight; the worker was restarted."""
 
 
 @dataclass
@@ -134,14 +152,18 @@ class AdapterEngine:
         # an unloaded agent's or a failed load's may not); handled once no running request uses them.
         self._retired: dict[str, bool] = {}
         self._spares: dict[str, str] = {}  # agent -> an unrouted, unused slot of its, ready for the next swap
-        self._batch: _Batch | None = None  # the running batch, owned by the worker thread
+        self._batch: Batch | None = None  # the running batch, owned by the worker thread
+        self._pending: list[GenerationRequest] = []  # gathered, not yet admitted (failed too if the worker faults)
+        self._last_fault: dict | None = None
+        self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self._counter = itertools.count(1)
         self._queue: queue.Queue = queue.Queue()  # requests (and wake-ups)
         self._ops: queue.Queue = queue.Queue()  # swaps: never stuck behind requests when the batch is full
         self._stop = threading.Event()
+        self.stats = {"batches": 0, "rows": 0, "steps": 0, "swaps_in_place": 0, "request_failures": 0,
+                      "worker_restarts": 0}
         self._worker = threading.Thread(target=self._run, name="marft-engine", daemon=True)
         self._worker.start()
-        self.stats = {"batches": 0, "rows": 0, "steps": 0, "swaps_in_place": 0}
 
     # -- adapters --------------------------------------------------------------------------------
     def adapters(self) -> dict[str, tuple[int | None, str]]:
@@ -293,21 +315,36 @@ class AdapterEngine:
                 self._peft.delete_adapter(old)
 
     # -- generation ------------------------------------------------------------------------------
+    @property
+    def base_model(self):
+        """The transformers model under the adapters (read-only use: inspection, forward hooks)."""
+        return self._base
+
+    def health(self) -> dict:
+        """Whether the worker runs, how often it was restarted after a fault, and the last fault."""
+        return {"worker_alive": self._worker.is_alive(), "worker_restarts": self.stats["worker_restarts"],
+                "last_worker_fault": self._last_fault, "request_failures": self.stats["request_failures"]}
+
     def validate(self, req: GenerationRequest) -> None:
         """Refuse a request that cannot be served, before it is queued."""
         if req.adapter is not None and req.adapter != self.base_name and req.adapter not in self._routes:
             raise UnknownAdapter(f"The model `{req.adapter}` does not exist.")
         if not req.prompt_ids:
-            raise RequestError("the prompt is empty")
+            raise RequestError("the prompt is empty", "prompt")
         if not 1 <= req.max_tokens <= self.max_tokens_limit:
-            raise RequestError(f"max_tokens must be between 1 and {self.max_tokens_limit}, got {req.max_tokens}")
+            raise RequestError(f"max_tokens must be between 1 and {self.max_tokens_limit}, got {req.max_tokens}",
+                               "max_tokens")
         if len(req.prompt_ids) + req.max_tokens > self.max_positions:
             raise RequestError(
                 f"prompt ({len(req.prompt_ids)} tokens) + max_tokens ({req.max_tokens}) exceeds the model's "
-                f"context of {self.max_positions} tokens"
+                f"context of {self.max_positions} tokens", "max_tokens", "context_length_exceeded"
             )
         if req.temperature < 0 or not 0 < req.top_p <= 1 or req.top_k < 0 or not 0 <= req.top_logprobs <= 20:
             raise RequestError("need temperature >= 0, 0 < top_p <= 1, top_k >= 0, 0 <= top_logprobs <= 20")
+        if req.seed is not None and not 0 <= req.seed <= MAX_SEED:
+            raise RequestError(f"seed must be between 0 and 2**63-1, got {req.seed}", "seed")
+        if not all(0 <= t < self.vocab_size for t in req.prompt_ids):
+            raise RequestError(f"prompt token ids must be in [0, {self.vocab_size})", "prompt")
 
     def submit(self, req: GenerationRequest) -> None:
         """Queue a request; its ``sink`` receives the events from the worker thread."""
@@ -319,7 +356,7 @@ class AdapterEngine:
         done: Future = Future()
 
         def sink(kind, payload):
-            if done.done():  # a batch that fails after this row finished reports an error too
+            if done.done():
                 return
             if kind == "done":
                 done.set_result(payload)
@@ -335,28 +372,45 @@ class AdapterEngine:
         self._worker.join(timeout=10)
 
     def _run(self) -> None:
+        """The worker thread: runs the serving loop and restarts it after a fault in the loop itself,
+        failing the requests in flight (their KV cache is no longer trustworthy)."""
+        faults_in_a_row = 0
+        while not self._stop.is_set():
+            try:
+                self._serve()
+            except BaseException as e:  # noqa: BLE001 - the worker must outlive any fault
+                faults_in_a_row += 1
+                self.stats["worker_restarts"] += 1
+                self._last_fault = {"error": f"{type(e).__name__}: {e}", "at": time.time()}
+                log.exception("engine worker fault; failing %d in-flight requests and restarting",
+                              len(self._batch.rows if self._batch else []) + len(self._pending))
+                fault = WorkerFault(f"the engine's worker failed ({type(e).__name__}: {e}) and was restarted")
+                for req in [r.req for r in self._batch.rows] if self._batch else []:
+                    _emit(req, "error", fault)
+                for req in self._pending:
+                    _emit(req, "error", fault)
+                self._batch, self._pending = None, []
+                time.sleep(min(1.0, 0.01 * 2**faults_in_a_row))  # a fault that repeats must not spin
+            else:
+                faults_in_a_row = 0
+
+    def _serve(self) -> None:
         import torch
 
         with torch.inference_mode():
             while not self._stop.is_set():
-                new = self._gather()
+                self._pending = self._gather()
                 while not self._ops.empty():  # swaps happen here, between decode steps
                     op, fut = self._ops.get()
                     try:
                         fut.set_result(op())
                     except BaseException as e:  # noqa: BLE001 - handed to the caller
                         fut.set_exception(e)
-                try:
-                    if self._batch is not None:
-                        self._decode_step()
-                    if new:
-                        self._admit(new)
-                except Exception as e:  # noqa: BLE001 - fail the running requests, keep the worker alive
-                    for req in [r.req for r in self._batch.rows] if self._batch else []:
-                        _emit(req, "error", e)
-                    for req in new:
-                        _emit(req, "error", e)
-                    self._batch = None
+                if self._batch is not None:
+                    self._decode_step()
+                if self._pending:
+                    self._admit(self._pending)
+                self._pending = []
                 self._retire_finished()
 
     def _gather(self) -> list[GenerationRequest]:
@@ -402,23 +456,53 @@ class AdapterEngine:
             kwargs["adapter_names"] = [r.slot.internal if r.slot else BASE_ROW for r in rows]
         return model(use_cache=True, **inputs, **kwargs)
 
-    def _admit(self, new: list[GenerationRequest]) -> None:
-        """Prefill newly arrived requests together (left-padded), sample their first tokens and merge
-        them into the running batch. Their adapter version is fixed here, for their whole life."""
+    def _fail(self, req: GenerationRequest, e: Exception) -> None:
+        """One request fails alone: its error to its client, nothing to anyone else."""
+        self.stats["request_failures"] += 1
+        if not isinstance(e, (UnknownAdapter, RequestError)):
+            log.warning("request failed in the engine (%s: %s); the other rows continue", type(e).__name__, e)
+        _emit(req, "error", e)
+
+    def _setup(self, req: GenerationRequest) -> _Row | None:
+        """A request's row: adapter version bound (for its whole life), its own sampling generator
+        (so what else is batched never changes what a seed samples) and decoding state."""
         import torch
 
-        rows = []
-        for req in new:
-            try:
-                slot = self._bind(req)
-            except UnknownAdapter as e:  # unloaded after the request was queued
-                _emit(req, "error", e)
-                continue
+        try:
+            slot = self._bind(req)
             seed = req.seed if req.seed is not None else random.getrandbits(63)
-            rows.append(_Row(req, slot, _RowState(self.tokenizer, req.stop), torch.Generator().manual_seed(seed)))
-            _emit(req, "start", (slot.name, slot.version) if slot else (self.base_name, None))
+            row = _Row(req, slot, RowState(self.tokenizer, req.stop), torch.Generator().manual_seed(seed))
+        except Exception as e:  # noqa: BLE001 - e.g. unloaded after it was queued, or settings that do not work
+            self._fail(req, e)
+            return None
+        _emit(req, "start", (slot.name, slot.version) if slot else (self.base_name, None))
+        return row
+
+    def _admit(self, new: list[GenerationRequest]) -> None:
+        """Prefill newly arrived requests together (left-padded), sample their first tokens and merge
+        them into the running batch. A group whose prefill fails is retried one request at a time,
+        so only the request that cannot be prefilled fails; the running batch is not touched."""
+        rows = [row for row in map(self._setup, new) if row is not None]
         if not rows:
             return
+        try:
+            groups = [self._prefill(rows)]
+        except Exception as e:  # noqa: BLE001 - find the culprit by prefilling alone
+            if len(rows) == 1:
+                self._fail(rows[0].req, e)
+                return
+            groups = []
+            for row in rows:
+                try:
+                    groups.append(self._prefill([row]))
+                except Exception as e1:  # noqa: BLE001 - this one fails alone
+                    self._fail(row.req, e1)
+        for group in groups:
+            self._batch = group if self._batch is None else self._batch.merge(group)
+
+    def _prefill(self, rows: list[_Row]) -> Batch:
+        import torch
+
         width = max(len(r.req.prompt_ids) for r in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(rows), width), dtype=torch.long)
@@ -429,8 +513,7 @@ class AdapterEngine:
         out = self._forward(rows, input_ids=ids, attention_mask=attn, position_ids=pos)
         self.stats["batches"] += 1
         self.stats["rows"] += len(rows)
-        group = _Batch(rows, out.past_key_values, attn, pos[:, -1] + 1, self._sample(rows, out.logits[:, -1, :]))
-        self._batch = group if self._batch is None else self._batch.merge(group)
+        return Batch(rows, out.past_key_values, attn, pos[:, -1] + 1, self._sample(rows, out.logits[:, -1, :]))
 
     def _decode_step(self) -> None:
         import torch
@@ -445,27 +528,45 @@ class AdapterEngine:
         self.stats["steps"] += 1
 
     def _sample(self, rows: list[_Row], logits):
-        """Sample one token per row with its own settings, emit it, and mark finished rows."""
+        """Sample one token per row with its own settings, emit it, and mark finished rows. A row
+        whose sampling or detokenising fails is finished with its error; the others go on."""
         import torch
 
-        from .sampling import processed_logprobs, sample
+        from .sampling import processed_logprobs, sample_row
 
         temps = torch.tensor([r.req.temperature for r in rows], dtype=torch.float32)
         top_k = torch.tensor([r.req.top_k for r in rows], dtype=torch.long)
         top_p = torch.tensor([r.req.top_p for r in rows], dtype=torch.float32)
-        logprobs = processed_logprobs(logits, temps, top_k, top_p)
-        tokens = sample(logprobs, [r.req.temperature <= 0 for r in rows], [r.gen for r in rows])
+        logprobs = processed_logprobs(logits, temps, top_k, top_p)  # row-wise: one row cannot spoil another
+        tokens = torch.full((len(rows),), self.pad_id, dtype=torch.long)
         for i, row in enumerate(rows):
-            tok, st, req = int(tokens[i]), row.state, row.req
-            top = []
-            if req.top_logprobs:
-                vals, idx = logprobs[i].topk(req.top_logprobs)
-                top = [(int(t), _finite(float(v))) for v, t in zip(vals, idx)]
-            delta = st.add(tok, float(logprobs[i, tok]), top, tok == self.eos_id, len(st.token_ids) + 1 >= req.max_tokens)
-            _emit(req, "token", TokenEvent(tok, float(logprobs[i, tok]), top, delta))
-            if st.finish:
-                _emit(req, "done", st.result(req, row.slot, self.base_name))
+            st, req = row.state, row.req
+            try:
+                tok = sample_row(logprobs[i], req.temperature <= 0, row.gen)
+                top = []
+                if req.top_logprobs:
+                    vals, idx = logprobs[i].topk(req.top_logprobs)
+                    top = [(int(t), _finite(float(v))) for v, t in zip(vals, idx)]
+                lp = float(logprobs[i, tok])
+                delta = st.add(tok, lp, top, tok == self.eos_id, len(st.token_ids) + 1 >= req.max_tokens)
+                result = self._result(row) if st.finish else None
+            except Exception as e:  # noqa: BLE001 - this row fails alone; its slot is dropped after the step
+                st.finish = "error"
+                self._fail(req, e)
+                continue
+            tokens[i] = tok
+            _emit(req, "token", TokenEvent(tok, lp, top, delta))
+            if result is not None:
+                _emit(req, "done", result)
         return tokens
+
+    def _result(self, row: _Row) -> GenerationResult:
+        st, slot = row.state, row.slot
+        return GenerationResult(
+            prompt_ids=list(row.req.prompt_ids), token_ids=list(st.token_ids), logprobs=list(st.logprobs),
+            top_logprobs=list(st.top), text=st.text, finish_reason=st.finish or "length",
+            adapter=slot.name if slot else self.base_name, version=slot.version if slot else None,
+        )
 
     def _retire_finished(self) -> None:
         """Drop finished rows from the running batch, then delete adapter versions no row uses."""
@@ -503,99 +604,5 @@ def _emit(req: GenerationRequest, kind: str, payload: Any) -> None:
 class _Row:
     req: GenerationRequest
     slot: _Slot | None  # bound when the request joins the batch; never changes afterwards
-    state: _RowState
+    state: RowState
     gen: Any  # torch.Generator
-
-
-class _Batch:
-    """The running batch: rows, their KV cache (left-padded to one length), attention mask,
-    next position ids and the sampled tokens not yet fed to the model."""
-
-    def __init__(self, rows: list[_Row], cache, attn, pos, last):
-        self.rows, self.cache, self.attn, self.pos, self.last = rows, cache, attn, pos, last
-
-    def merge(self, other: _Batch) -> _Batch:
-        import torch
-        import torch.nn.functional as F
-
-        width = max(self.attn.shape[1], other.attn.shape[1])
-        for mine, theirs in zip(self.cache.layers, other.cache.layers):
-            # Left-pad the shorter cache with zeros; the attention mask hides them.
-            mine.keys = torch.cat([_pad_left(mine.keys, width, dim=2), _pad_left(theirs.keys, width, dim=2)])
-            mine.values = torch.cat([_pad_left(mine.values, width, dim=2), _pad_left(theirs.values, width, dim=2)])
-        self.attn = torch.cat([F.pad(self.attn, (width - self.attn.shape[1], 0)), F.pad(other.attn, (width - other.attn.shape[1], 0))])
-        self.rows = self.rows + other.rows
-        self.pos = torch.cat([self.pos, other.pos])
-        self.last = torch.cat([self.last, other.last])
-        return self
-
-    def select(self, keep: list[int]) -> None:
-        import torch
-
-        idx = torch.tensor(keep)
-        self.rows = [self.rows[i] for i in keep]
-        self.attn, self.pos, self.last = self.attn[idx], self.pos[idx], self.last[idx]
-        start = int((self.attn.sum(0) > 0).nonzero()[0])  # columns that are padding for every row left
-        self.attn = self.attn[:, start:]
-        for layer in self.cache.layers:
-            layer.keys = layer.keys[idx, :, start:]
-            layer.values = layer.values[idx, :, start:]
-
-
-def _pad_left(t, width: int, dim: int):
-    import torch.nn.functional as F
-
-    missing = width - t.shape[dim]
-    if missing == 0:
-        return t
-    pad = [0, 0] * (t.dim() - dim - 1) + [missing, 0]
-    return F.pad(t, pad)
-
-
-class _RowState:
-    """Decoded text, stop-string handling and held-back streaming text for one row."""
-
-    def __init__(self, tokenizer, stop: list[str]):
-        self.tokenizer = tokenizer
-        self.stop = [s for s in stop if s]
-        self.hold = max((len(s) for s in self.stop), default=1) - 1
-        self.token_ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.top: list[list[tuple[int, float]]] = []
-        self.text = ""
-        self.sent = 0
-        self.finish: str | None = None
-
-    def add(self, tok: int, logprob: float, top, is_eos: bool, at_limit: bool) -> str:
-        self.token_ids.append(tok)
-        self.logprobs.append(logprob)
-        self.top.append(top)
-        self.text = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
-        if is_eos:
-            self.finish = "stop"
-        for s in self.stop:
-            # Search only where the newest token could have completed a stop string.
-            at = self.text.find(s, max(0, self.sent - len(s)))
-            if at >= 0:
-                self.text = self.text[:at]
-                self.finish = "stop"
-                break
-        if self.finish is None and at_limit:
-            self.finish = "length"
-        # Hold back text that might be the start of a stop string until it is decided.
-        upto = len(self.text) if self.finish else max(self.sent, len(self.text) - self.hold)
-        delta = self.text[self.sent : upto]
-        self.sent = max(self.sent, upto)
-        return delta
-
-    def result(self, req: GenerationRequest, slot: _Slot | None, base_name: str) -> GenerationResult:
-        return GenerationResult(
-            prompt_ids=list(req.prompt_ids),
-            token_ids=self.token_ids,
-            logprobs=self.logprobs,
-            top_logprobs=self.top,
-            text=self.text,
-            finish_reason=self.finish or "length",
-            adapter=slot.name if slot else base_name,
-            version=slot.version if slot else None,
-        )

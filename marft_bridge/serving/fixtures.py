@@ -1,4 +1,5 @@
-"""Random LoRA adapters and direct (server-free) reference generation for a local base model.
+"""Random LoRA adapters, direct (server-free) reference generation for a local base model, and the
+server app on a real socket in-process.
 
 Tests, benchmarks and demos use these to make adapters that visibly change outputs without
 training, and to compute what the server must return for a given adapter.
@@ -80,3 +81,38 @@ class DirectModel:
                 if tok == eos:
                     break
         return ids[len(prompt_ids) :]
+
+
+class AppServer:
+    """The server app of an in-process engine on a real socket (uvicorn in a thread, 127.0.0.1, a free
+    port): for tests that need to reach into the engine while clients talk HTTP to it."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        from .process import free_port
+
+        self.port = free_port()
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self._thread = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> AppServer:
+        import threading
+        import time
+
+        self._thread = threading.Thread(target=self._server.run, name="marft-test-server", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the in-process server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)

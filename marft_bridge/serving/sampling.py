@@ -36,13 +36,10 @@ def processed_logprobs(
     return scaled.masked_fill(mask, float("-inf")).log_softmax(dim=-1)
 
 
-def sample(logprobs: torch.Tensor, greedy: list[bool], generators: list[torch.Generator | None]) -> torch.Tensor:
-    """One token id per row: argmax for greedy rows, else a draw from ``exp(logprobs)`` with the row's
-    generator (seeded requests are reproducible regardless of what else shares the batch)."""
-    out = []
-    for row, is_greedy, gen in zip(logprobs, greedy, generators):
-        if is_greedy:
-            out.append(int(row.argmax()))
-        else:
-            out.append(int(torch.multinomial(row.exp(), 1, generator=gen)))
-    return torch.tensor(out, dtype=torch.long)
+def sample_row(logprobs: torch.Tensor, greedy: bool, generator: torch.Generator) -> int:
+    """One token id for one row: the argmax when greedy, else a draw from ``exp(logprobs)`` with the
+    request's own generator, which nothing else draws from: a seeded request samples the same
+    tokens whatever else shares its batch."""
+    if greedy:
+        return int(logprobs.argmax())
+    return int(torch.multinomial(logprobs.exp(), 1, generator=generator))

@@ -13,60 +13,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import time
 import uuid
-from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .adapter_files import AdapterError
 from .engine import AdapterEngine, GenerationRequest, RequestError, UnknownAdapter
+from .requests import (ChatRequest, CompletionRequest, LoadAdapterRequest, NamedToolChoice, SamplingBody,
+                       UnloadAdapterRequest, template_messages)
+from .tool_calls import HermesParser
 
+log = logging.getLogger(__name__)
 LOGPROBS_MODE = "processed"
 DEFAULT_MAX_TOKENS = 256
-
-
-# -- request bodies (unknown fields are ignored, as OpenAI-compatible servers do) --------------------
-class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    model: str
-    temperature: float = Field(default=1.0, ge=0, le=100)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=-1)  # vLLM uses -1 for "off"; so does 0 here
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool = False
-    stream_options: dict | None = None
-    return_token_ids: bool = False
-    n: int = Field(default=1, ge=1, le=1)
-
-
-class ChatRequest(_Sampling):
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-
-
-class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int]
-    logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: Literal[False] = False
-
-
-class LoadAdapterRequest(BaseModel):
-    lora_name: str
-    lora_path: str
-    load_inplace: bool = False
-
-
-class UnloadAdapterRequest(BaseModel):
-    lora_name: str
 
 
 class APIError(Exception):
@@ -78,15 +43,60 @@ def _error_body(e: APIError) -> dict:
     return {"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.code}}
 
 
+def _validation_error(e: ValidationError) -> APIError:
+    """The most specific failure (the deepest location), named by its field path, e.g.
+    ``messages.0.content.0.text``; union branch and discriminator tags are left out of the path."""
+    err = max(e.errors(), key=lambda x: len(x["loc"]))
+    parts: list[str] = []
+    loc = err["loc"]
+    for i, item in enumerate(loc):
+        after_index = bool(parts) and parts[-1].isdigit()
+        if isinstance(item, str) and ("[" in item or item in _UNION_TAGS
+                                      or (after_index and item in _ROLES)
+                                      or (after_index and item in _PART_TYPES and i < len(loc) - 1)):
+            continue
+        parts.append(str(item))
+    param = ".".join(parts) or None
+    return APIError(400, f"{param}: {err['msg']}" if param else err["msg"], "invalid_request_error", param)
+
+
+_UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after", "function-before"}
+_ROLES = {"system", "developer", "user", "assistant", "tool"}
+_PART_TYPES = {"text", "refusal"}
+
+
 def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request_bytes: int = 1 << 20):
     """The FastAPI application. With ``api_key`` every ``/v1`` endpoint needs ``Authorization: Bearer
-    <key>``; without one the admin endpoints are disabled altogether."""
+    <key>``; without one the admin endpoints are disabled altogether. Every refusal is an
+    OpenAI-shaped error body; an unexpected exception is a 500 with the same shape, logged with the
+    request id that the response's ``x-request-id`` header carries."""
     app = FastAPI(title="marft serve", docs_url=None, redoc_url=None, openapi_url=None)
     tok = engine.tokenizer
+    tool_stats = {"tool_calls_parsed": 0, "tool_calls_malformed": 0, "tool_calls_dropped": 0, "tool_choice_unmet": 0}
+
+    @app.middleware("http")
+    async def request_id(request: Request, call_next):
+        rid = f"req-{uuid.uuid4().hex[:16]}"
+        request.state.request_id = rid
+        try:
+            response = await call_next(request)
+        except Exception:  # noqa: BLE001 - any fault in a request answers JSON, never a bare 500
+            log.exception("request %s (%s %s) failed", rid, request.method, request.url.path)
+            response = JSONResponse(_error_body(APIError(500, f"internal server error (request id {rid})",
+                                                         "server_error", code="internal_error")), status_code=500)
+        response.headers["x-request-id"] = rid
+        return response
 
     @app.exception_handler(APIError)
-    async def _api_error(request, e: APIError):
+    async def _api_error(request: Request, e: APIError):
+        if e.status >= 500:
+            log.error("request %s: %s", getattr(request.state, "request_id", "?"), e.message)
         return JSONResponse(_error_body(e), status_code=e.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        type_ = "NotFoundError" if e.status_code == 404 else "invalid_request_error"
+        return JSONResponse(_error_body(APIError(e.status_code, str(e.detail), type_)), status_code=e.status_code)
 
     def check_key(request: Request, admin: bool = False) -> None:
         if api_key is None:
@@ -98,7 +108,11 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
             raise APIError(401, "invalid or missing API key", "authentication_error", code="invalid_api_key")
 
     async def parse(request: Request, model: type[BaseModel]):
-        if int(request.headers.get("content-length") or 0) > max_request_bytes:
+        try:
+            declared = int(request.headers.get("content-length") or 0)
+        except ValueError:
+            raise APIError(400, "content-length is not a number", "invalid_request_error") from None
+        if declared > max_request_bytes:
             raise APIError(413, f"request body exceeds {max_request_bytes} bytes", "invalid_request_error")
         body = await request.body()
         if len(body) > max_request_bytes:
@@ -106,10 +120,7 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
         try:
             return model.model_validate_json(body)
         except ValidationError as e:
-            err = e.errors()[0]
-            param = ".".join(str(p) for p in err["loc"]) or None
-            raise APIError(400, f"{param}: {err['msg']}" if param else err["msg"], "invalid_request_error", param) from None
-
+            raise _validation_error(e) from None
     def token_text(tid: int) -> str:
         return tok.decode([tid], skip_special_tokens=False)
 
@@ -122,9 +133,15 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
             "top_logprobs": [{"token": token_text(t), "logprob": v, "bytes": list(token_text(t).encode())} for t, v in top],
         }
 
-    def gen_request(body: _Sampling, prompt_ids: list[int], top_logprobs: int) -> GenerationRequest:
+    def gen_request(body: SamplingBody, prompt_ids: list[int], top_logprobs: int, param: str) -> GenerationRequest:
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        max_tokens = body.max_completion_tokens or body.max_tokens or min(DEFAULT_MAX_TOKENS, engine.max_tokens_limit)
+        room = engine.max_positions - len(prompt_ids)
+        if room < 1:
+            raise APIError(400, f"the prompt is {len(prompt_ids)} tokens; the model's context is "
+                           f"{engine.max_positions} tokens, with room for at least one generated token",
+                           "invalid_request_error", param, "context_length_exceeded")
+        # Not given: as much as fits, up to the default (vLLM fills the context the same way).
+        max_tokens = body.max_completion_tokens or body.max_tokens or min(DEFAULT_MAX_TOKENS, engine.max_tokens_limit, room)
         return GenerationRequest(
             prompt_ids=prompt_ids,
             adapter=body.model,
@@ -146,7 +163,7 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
         except UnknownAdapter as e:
             raise APIError(404, str(e), "NotFoundError", "model", "model_not_found") from None
         except RequestError as e:
-            raise APIError(400, str(e), "invalid_request_error") from None
+            raise APIError(400, str(e), "invalid_request_error", e.param, e.code) from None
         return events
 
     async def next_event(events: asyncio.Queue):
@@ -171,12 +188,12 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
         n_prompt, n_out = len(res.prompt_ids), len(res.token_ids)
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
 
-    def envelope(kind: str, cid: str, created: int, body: _Sampling, choices: list, adapter, **extra) -> dict:
+    def envelope(kind: str, cid: str, created: int, body: SamplingBody, choices: list, adapter, **extra) -> dict:
         """The fields every response and stream chunk carries, ours (adapter, logprobs_mode) included."""
         return {"id": cid, "object": kind, "created": created, "model": body.model, "choices": choices, **extra,
                 "adapter": adapter, "logprobs_mode": LOGPROBS_MODE}
 
-    def whole(kind: str, cid: str, created: int, body: _Sampling, choice: dict, adapter, res) -> dict:
+    def whole(kind: str, cid: str, created: int, body: SamplingBody, choice: dict, adapter, res) -> dict:
         """A non-streamed response; ``return_token_ids`` adds the reply's and the prompt's ids, as vLLM does."""
         out = envelope(kind, cid, created, body, [choice], adapter, usage=usage(res))
         if body.return_token_ids:
@@ -190,7 +207,11 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
     # -- endpoints -------------------------------------------------------------------------------
     @app.get("/health")
     async def health():
-        return {"status": "ok"}
+        """200 while the engine's worker runs; its restarts after faults and the last fault are shown."""
+        state = {**engine.health(), **tool_stats}
+        if not state["worker_alive"]:
+            return JSONResponse({"status": "worker down", **state}, status_code=503)
+        return {"status": "ok", **state}
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -204,39 +225,84 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
             )
         return {"object": "list", "data": data}
 
+    def chat_prompt(body: ChatRequest) -> list[int]:
+        """The prompt as the base model's chat template renders it, with the request's tools."""
+        import jinja2
+
+        kwargs = {"tools": [t.model_dump(exclude_none=True) for t in body.tools]} if body.tools else {}
+        try:
+            out = tok.apply_chat_template(template_messages(body.messages), add_generation_prompt=True,
+                                          tokenize=True, **kwargs)
+        except (jinja2.TemplateError, ValueError) as e:  # the template refused these messages
+            raise APIError(400, f"messages do not fit the chat template: {e}", "invalid_request_error", "messages") from None
+        return list(out["input_ids"])
+
+    def tool_parser(body: ChatRequest) -> HermesParser | None:
+        """Tool calls are parsed when tools are given and tool_choice is not "none"."""
+        if not body.tools or body.tool_choice == "none":
+            return None
+        return HermesParser(max_calls=None if body.parallel_tool_calls else 1)
+
+    def count_tools(body: ChatRequest, parser: HermesParser) -> None:
+        tool_stats["tool_calls_parsed"] += len(parser.calls)
+        tool_stats["tool_calls_malformed"] += parser.malformed
+        tool_stats["tool_calls_dropped"] += parser.dropped
+        choice = body.tool_choice
+        wanted = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        if (choice == "required" and not parser.calls) or (wanted and wanted not in {c.name for c in parser.calls}):
+            tool_stats["tool_choice_unmet"] += 1
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         check_key(request)
         body = await parse(request, ChatRequest)
-        messages = [{"role": m.get("role", "user"), "content": _text_content(m.get("content"))} for m in body.messages]
-        try:
-            prompt_ids = list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
-        except Exception as e:  # noqa: BLE001 - a template error is the client's input
-            raise APIError(400, f"messages do not fit the chat template: {e}", "invalid_request_error", "messages") from None
+        prompt_ids = chat_prompt(body)
         top_n = (body.top_logprobs or 0) if body.logprobs else 0
-        req = gen_request(body, prompt_ids, top_n)
+        req = gen_request(body, prompt_ids, top_n, "messages")
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
-            return StreamingResponse(chat_stream(submit(req), req, body, cid, created), media_type="text/event-stream")
+            return StreamingResponse(chat_stream(submit(req), req, body, cid, created, request.state.request_id),
+                                     media_type="text/event-stream")
         adapter, res = await run(req)
+        message = {"role": "assistant", "content": res.text}
+        finish = res.finish_reason
+        parser = tool_parser(body)
+        if parser is not None:
+            text, _ = parser.feed(res.text)
+            rest, _ = parser.finish()
+            count_tools(body, parser)
+            if parser.calls:
+                message = {"role": "assistant", "content": (text + rest).strip() or None,
+                           "tool_calls": [c.openai() for c in parser.calls]}
+                finish = "tool_calls"
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": res.text},
-            "finish_reason": res.finish_reason,
+            "message": message,
+            "finish_reason": finish,
             "logprobs": {"content": [content_entry(*x) for x in zip(res.token_ids, res.logprobs, res.top_logprobs)]}
             if body.logprobs
             else None,
         }
         return whole("chat.completion", cid, created, body, choice, adapter, res)
 
-    async def chat_stream(events, req, body: ChatRequest, cid: str, created: int):
+    async def chat_stream(events, req, body: ChatRequest, cid: str, created: int, rid: str):
         adapter = None
+        parser = tool_parser(body)
+        n_calls = 0
 
         def chunk(delta, finish=None, logprobs=None, token_ids=None):
             choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
             if token_ids is not None:
                 choice["token_ids"] = token_ids
             return envelope("chat.completion.chunk", cid, created, body, [choice], adapter)
+
+        def delta_of(text: str, calls) -> dict:
+            nonlocal n_calls
+            delta = {"content": text} if text or not calls else {}
+            if calls:  # each call whole, in one delta: clients accumulate deltas by index either way
+                delta["tool_calls"] = [c.openai(index=n_calls + i) for i, c in enumerate(calls)]
+                n_calls += len(calls)
+            return delta
 
         try:
             while True:
@@ -248,16 +314,28 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
                         first["prompt_token_ids"] = req.prompt_ids
                     yield sse(first)
                 elif kind == "token":
+                    # Every sampled token gets its chunk (its id and log-prob), text held inside a call or not.
+                    delta = delta_of(*parser.feed(payload.text_delta)) if parser else {"content": payload.text_delta}
                     lp = {"content": [content_entry(payload.token_id, payload.logprob, payload.top)]} if body.logprobs else None
-                    yield sse(chunk({"content": payload.text_delta}, logprobs=lp,
-                                    token_ids=[payload.token_id] if body.return_token_ids else None))
+                    yield sse(chunk(delta, logprobs=lp, token_ids=[payload.token_id] if body.return_token_ids else None))
                 else:
-                    yield sse(chunk({}, finish=payload.finish_reason))
-                    if (body.stream_options or {}).get("include_usage"):
+                    finish = payload.finish_reason
+                    if parser:
+                        text, calls = parser.finish()
+                        if text or calls:
+                            yield sse(chunk(delta_of(text, calls)))
+                        count_tools(body, parser)
+                        finish = "tool_calls" if parser.calls else finish
+                    yield sse(chunk({}, finish=finish))
+                    if body.stream_options and body.stream_options.include_usage:
                         yield sse(envelope("chat.completion.chunk", cid, created, body, [], adapter, usage=usage(payload)))
                     break
         except APIError as e:
             yield sse(_error_body(e))
+        except Exception:  # noqa: BLE001 - the stream has started: the error goes in it, as JSON
+            log.exception("request %s: stream failed", rid)
+            yield sse(_error_body(APIError(500, f"internal server error (request id {rid})", "server_error",
+                                           code="internal_error")))
         yield "data: [DONE]\n\n"
 
     @app.post("/v1/completions")
@@ -267,16 +345,16 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
             prompt_ids = list(prompt)
-            if any(not 0 <= p < len(tok) for p in prompt_ids):
+            if any(not 0 <= p < min(len(tok), engine.vocab_size) for p in prompt_ids):
                 raise APIError(400, "prompt token id out of the vocabulary", "invalid_request_error", "prompt")
         else:
-            if isinstance(prompt, list):
+            if isinstance(prompt, list):  # of strings (an empty list is neither kind: refused here)
                 if len(prompt) != 1:
                     raise APIError(400, "exactly one prompt per request is supported", "invalid_request_error", "prompt")
                 prompt = prompt[0]
             prompt_ids = list(tok(prompt)["input_ids"])
         top_n = body.logprobs or 0
-        req = gen_request(body, prompt_ids, top_n)
+        req = gen_request(body, prompt_ids, top_n, "prompt")
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
         def legacy_logprobs(ids, lps, tops):
@@ -316,8 +394,13 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
                             break
                 except APIError as e:
                     yield sse(_error_body(e))
+                except Exception:  # noqa: BLE001 - the stream has started: the error goes in it, as JSON
+                    log.exception("request %s: stream failed", rid)
+                    yield sse(_error_body(APIError(500, f"internal server error (request id {rid})", "server_error",
+                                                   code="internal_error")))
                 yield "data: [DONE]\n\n"
 
+            rid = request.state.request_id
             return StreamingResponse(stream(), media_type="text/event-stream")
         adapter, res = await run(req)
         choice = {"index": 0, "text": res.text, "finish_reason": res.finish_reason,
@@ -349,14 +432,3 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
                 "message": f"Success: LoRA adapter '{body.lora_name}' removed successfully."}
 
     return app
-
-
-def _text_content(content) -> str:
-    """OpenAI message content may be a string or a list of parts; the template wants text."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    raise APIError(400, "message content must be a string or a list of text parts", "invalid_request_error", "messages")
