@@ -215,7 +215,7 @@ async function showAction(epId, actionId, panel) {
   const link = (id) => h("a", { href: `#/episode/${encodeURIComponent(epId)}?action=${encodeURIComponent(id)}`, class: "mono" }, short(id));
   const obs = a.observation || {};
   const tools = obs.tools || [];
-  panel.replaceChildren(
+  panel.replaceChildren(h("div", {},
     h("h3", {}, `Action #${d.index}: ${a.agent} · ${a.kind} · step ${a.step}`),
     kv([["id", h("span", { class: "mono" }, a.id)],
       ["policy", a.policy ? `${a.policy.name} v${a.policy.version ?? "?"}${a.policy.base_model ? ` on ${a.policy.base_model}` : ""}` : "—"],
@@ -243,7 +243,7 @@ async function showAction(epId, actionId, panel) {
       : h("p", { class: "muted" }, "none"),
     Object.keys(a.metadata || {}).length ? h("div", {}, h("h3", {}, "Metadata"), h("pre", {}, json(a.metadata))) : null,
     h("h3", {}, "Raw JSON ", h("button", { onclick: () => navigator.clipboard && navigator.clipboard.writeText(json(a)) }, "copy")),
-    h("pre", { id: "raw-action" }, json(a)));
+    h("pre", { id: "raw-action" }, json(a))));
 }
 
 function actionTable(epId, page, onPick, reload) {
