@@ -12,7 +12,9 @@ refuses the same bad records with the same message.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import uuid
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
@@ -20,7 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from .errors import RecordError
+from .errors import MarftError, RecordError
 
 SCHEMA_VERSION = 2
 # Versions older than SCHEMA_VERSION that still load, and what changed since. Each change so far
@@ -382,6 +384,112 @@ def _find_cycle(actions: list[Action]) -> list[str] | None:
     return None
 
 
+# -- chat templates and adapters --------------------------------------------------------------
+
+
+def template_tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    """A recorded tool call as chat templates take it: ``arguments`` decoded to a dict.
+
+    Recorded (OpenAI wire) calls carry ``arguments`` as a JSON string; transformers chat templates
+    (Qwen2.5, Hermes, Llama 3) expect a mapping and would render a string re-quoted, so it is decoded
+    here as vLLM does before rendering. Arguments that are not a JSON object stay as they are.
+    """
+    fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+    name = fn.get("name") or call.get("name")
+    args = fn.get("arguments", call.get("arguments", call.get("args")))
+    if isinstance(args, str):
+        try:
+            decoded = json.loads(args) if args.strip() else {}
+        except ValueError:
+            decoded = None
+        args = decoded if isinstance(decoded, dict) else args
+    elif args is None:
+        args = {}
+    out = {"type": "function", "function": {"name": name, "arguments": args}}
+    if call.get("id") is not None:
+        out["id"] = call["id"]
+    return out
+
+
+def template_message(m: Message) -> dict[str, Any]:
+    """One recorded message as chat templates take it (content ``""`` for none; tool calls, tool ids, name)."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+    if m.tool_calls:
+        out["tool_calls"] = [template_tool_call(c) for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
+    return out
+
+
+# Adapter names the registry and vLLM accept (serving.registry checks the same pattern, and no "..").
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def agent_adapter_name(agent: str) -> str:
+    """The registry-safe adapter name of an agent (path): ``supervisor/agent`` -> ``supervisor.agent``.
+
+    Path segments are joined with ``.``; characters other than letters, digits, ``_``, ``-`` and
+    ``.`` become ``_``; empty segments and leading punctuation are dropped. A name longer than 64
+    characters keeps its first 55 and a hash of the whole, so distinct agents keep distinct names.
+    """
+    parts = [re.sub(r"[^A-Za-z0-9_.-]", "_", p).strip(".") for p in agent.split("/")]
+    name = re.sub(r"\.{2,}", ".", ".".join(p for p in parts if p)).lstrip("._-") or "agent"
+    if len(name) > 64:
+        import hashlib
+
+        name = name[:55].rstrip(".") + "-" + hashlib.sha256(agent.encode()).hexdigest()[:8]
+    return name
+
+
+def adapter_name(action: Action) -> str:
+    """The adapter an action trains: the one that served it.
+
+    That is ``action.policy.name``, the model name the call sent (an app selects an adapter by model
+    name, vLLM-style), when it is an adapter name (a base model id like ``Qwen/Qwen2.5-0.5B`` is
+    not); else the agent's registry-safe name (``agent_adapter_name``).
+    """
+    name = action.policy.name if action.policy is not None else None
+    if name and ADAPTER_NAME.match(name) and ".." not in name:
+        return name
+    return agent_adapter_name(action.agent)
+
+
+def adapters_by_agent(episodes: list[Episode]) -> dict[str, list[str]]:
+    """Recorded agent -> the adapters its model calls (``llm`` actions) trained, in order of first use."""
+    out: dict[str, list[str]] = {}
+    for ep in episodes:
+        for a in ep.actions:
+            if a.kind == "llm":
+                names = out.setdefault(a.agent, [])
+                if (name := adapter_name(a)) not in names:
+                    names.append(name)
+    return out
+
+
+def resolve_adapters(names: list[str], known: dict[str, list[str]]) -> list[str]:
+    """Adapter names for ``names``, each an adapter or an agent (path) of ``known`` (``adapters_by_agent``).
+
+    An adapter name stays; an agent maps to the adapters its calls used (or its registry-safe name).
+    Anything else raises MarftError listing the known adapters and agents.
+    """
+    adapters = list(dict.fromkeys(n for ns in known.values() for n in ns))
+    out: list[str] = []
+    for name in names:
+        if name in adapters:
+            out.append(name)
+        elif name in known:
+            out += known[name]
+        elif agent_adapter_name(name) in adapters:
+            out.append(agent_adapter_name(name))
+        else:
+            listing = ", ".join(f"{a} ({' '.join(known[a])})" if known[a] != [a] else a for a in known) or "none"
+            raise MarftError(f"unknown agent or adapter {name!r}; the episodes have adapters "
+                             f"{', '.join(adapters) or 'none'} (agent (adapters): {listing})")
+    return list(dict.fromkeys(out))
+
+
 def _record_error(exc: ValidationError, record: str | None) -> RecordError:
     err = exc.errors()[0]
     ctx = err.get("ctx") or {}
@@ -395,8 +503,6 @@ def _record_error(exc: ValidationError, record: str | None) -> RecordError:
 
 def episode_data(data: str | bytes | dict, record: str | None = None) -> dict:
     """Raw episode JSON (text or an already decoded value) as a dict, or RecordError (not validated)."""
-    import json
-
     if isinstance(data, (str, bytes)):
         try:
             data = json.loads(data)

@@ -72,3 +72,14 @@ def test_nothing_trainable_is_a_clear_error(tok):
                  rewards=[Reward(value=1.0)])
     with pytest.raises(MarftError, match="nothing trainable in 1 episodes.*agent_without_adapter"):
         build_batch([ep], tok, {"coder"}, len(tok), 1024, 1.0)
+
+
+def test_parents_are_the_nearest_trained_ancestors_across_the_batch(tok):
+    # c2 depends on c1 directly and on p1 through the untrained tool step t1; indices are batch-wide.
+    b = build_batch([_episode(), _episode().model_copy(update={"id": "e2"})], tok, {"planner", "coder"}, len(tok),
+                    1024, default_temperature=1.0)
+    assert [s.action_id for s in b.samples] == ["p1", "c1", "c2"] * 2
+    assert [s.parents for s in b.samples] == [[], [], [0, 1], [], [], [3, 4]]
+    # An untrained agent in between passes its own ancestors on.
+    only_coder = build_batch([_episode()], tok, {"coder"}, len(tok), 1024, default_temperature=1.0)
+    assert [(s.action_id, s.parents) for s in only_coder.samples] == [("c1", []), ("c2", [0])]

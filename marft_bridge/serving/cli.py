@@ -1,4 +1,10 @@
-"""``marft serve`` and ``marft adapters list|show|publish|promote|rollback``."""
+"""``marft serve`` and ``marft adapters list|show|publish|promote|rollback|map``.
+
+An adapter is named by the model name an app's calls send (vLLM-style). Agents captured under a
+subgraph path (``supervisor/agent``) may be given instead: they map to their registry-safe name
+(``supervisor.agent``, see ``schema.agent_adapter_name``); ``marft adapters map`` prints the
+agent -> adapter mapping of captured episodes, the one ``marft train`` uses.
+"""
 
 from __future__ import annotations
 
@@ -53,21 +59,22 @@ def add_commands(sub) -> None:
             g.add_argument("--vllm", help="URL of a vLLM server (runtime LoRA updating enabled) to load it into")
             p.add_argument("--api-key", default=os.environ.get("MARFT_API_KEY"), help="server API key (env MARFT_API_KEY)")
 
+    agent_help = "adapter name, or an agent path (supervisor/agent -> supervisor.agent)"
     p = asub.add_parser("list", help="list versions (* marks the current one)")
     common(p)
-    p.add_argument("agent", nargs="?", help="only this agent")
+    p.add_argument("agent", nargs="?", help="only this adapter (" + agent_help + ")")
     p.add_argument("--json", action="store_true", help="print JSON lines")
     p.set_defaults(func=_list)
 
     p = asub.add_parser("show", help="print one version's manifest")
     common(p)
-    p.add_argument("agent")
+    p.add_argument("agent", help=agent_help)
     p.add_argument("version", nargs="?", type=int, help="default: current")
     p.set_defaults(func=_show)
 
     p = asub.add_parser("publish", help="copy a peft adapter dir into a new version")
     common(p, server=True)
-    p.add_argument("agent")
+    p.add_argument("agent", help=agent_help)
     p.add_argument("source", help="peft save_pretrained dir (holding adapter_config.json, or <agent>/ inside)")
     p.add_argument("--metric", action="append", default=[], metavar="NAME=VALUE", help="metric to record (repeatable)")
     p.add_argument("--parent", type=int, default=None, help="parent version (default: current)")
@@ -76,14 +83,24 @@ def add_commands(sub) -> None:
 
     p = asub.add_parser("promote", help="make a version current")
     common(p, server=True)
-    p.add_argument("agent")
+    p.add_argument("agent", help=agent_help)
     p.add_argument("version", type=int)
     p.set_defaults(func=_promote)
 
     p = asub.add_parser("rollback", help="return to the previously promoted version")
     common(p, server=True)
-    p.add_argument("agent")
+    p.add_argument("agent", help=agent_help)
     p.set_defaults(func=_rollback)
+
+    p = asub.add_parser("map", help="which adapter each captured agent's calls used (what marft train trains)",
+                        description="For the llm actions of stored or exported episodes: agent -> the adapters "
+                        "its calls trained (the model name each call sent, else the agent path with '/' as '.'), "
+                        "with each adapter's current version in the registry.")
+    common(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--store", help="trace store URL or SQLite path")
+    src.add_argument("--episodes", metavar="FILE", help="JSONL file of episodes (marft traces export)")
+    p.set_defaults(func=_map)
 
 
 def _serve(args) -> int:
@@ -145,8 +162,25 @@ def _publisher(args):
     return None
 
 
+def _adapter(reg, name: str, *, new: bool = False) -> str:
+    """The registry's adapter for ``name``: the adapter itself, or an agent path's registry-safe name.
+    A name the registry does not hold is refused listing the ones it does, unless publishing (``new``)."""
+    from ..schema import ADAPTER_NAME, agent_adapter_name
+
+    known = reg.agents()
+    if name in known or (new and ADAPTER_NAME.match(name) and ".." not in name):
+        return name
+    mapped = agent_adapter_name(name)
+    if mapped in known or new:
+        print(f"marft adapters: agent {name} -> adapter {mapped}", file=sys.stderr)
+        return mapped
+    raise MarftError(f"unknown adapter {name!r} (as an agent path: {mapped!r}); {reg.root} has: "
+                     f"{', '.join(known) or 'no adapters'}")
+
+
 def _list(args) -> int:
-    rows = _registry(args).list(args.agent)
+    reg = _registry(args)
+    rows = reg.list(_adapter(reg, args.agent) if args.agent else None)
     for row in rows:
         m = row.manifest
         if args.json:
@@ -162,7 +196,8 @@ def _list(args) -> int:
 
 
 def _show(args) -> int:
-    print(_registry(args).manifest(args.agent, args.version).model_dump_json(indent=2))
+    reg = _registry(args)
+    print(reg.manifest(_adapter(reg, args.agent), args.version).model_dump_json(indent=2))
     return 0
 
 
@@ -177,19 +212,48 @@ def _publish(args) -> int:
         if not sep or not name:
             raise MarftError(f"--metric {item!r}: expected NAME=NUMBER")
     reg = _registry(args)
-    version = reg.publish(args.agent, args.source, metrics=metrics, parent=args.parent, promote=args.promote,
+    agent = _adapter(reg, args.agent, new=True)
+    version = reg.publish(agent, args.source, metrics=metrics, parent=args.parent, promote=args.promote,
                           publisher=_publisher(args))
-    print(f"{args.agent} v{version}{' (current)' if args.promote else ''}: {reg.path(args.agent, version)}")
+    print(f"{agent} v{version}{' (current)' if args.promote else ''}: {reg.path(agent, version)}")
     return 0
 
 
 def _promote(args) -> int:
-    _registry(args).promote(args.agent, args.version, publisher=_publisher(args))
-    print(f"{args.agent}: v{args.version} is current")
+    reg = _registry(args)
+    agent = _adapter(reg, args.agent)
+    reg.promote(agent, args.version, publisher=_publisher(args))
+    print(f"{agent}: v{args.version} is current")
     return 0
 
 
 def _rollback(args) -> int:
-    version = _registry(args).rollback(args.agent, publisher=_publisher(args))
-    print(f"{args.agent}: rolled back to v{version}")
+    reg = _registry(args)
+    agent = _adapter(reg, args.agent)
+    version = reg.rollback(agent, publisher=_publisher(args))
+    print(f"{agent}: rolled back to v{version}")
+    return 0
+
+
+def _map(args) -> int:
+    from ..schema import adapters_by_agent, parse_episode
+
+    if args.store:
+        from ..store import TraceStore
+
+        with TraceStore.open(args.store) as ts:
+            episodes = list(ts.episodes())
+    else:
+        try:
+            with open(args.episodes, encoding="utf-8") as f:
+                episodes = [parse_episode(line, record=f"{args.episodes} line {n}")
+                            for n, line in enumerate(f, 1) if line.strip()]
+        except OSError as e:
+            raise MarftError(f"cannot read episodes {args.episodes}: {e}") from None
+    reg = _registry(args)
+    known = set(reg.agents())
+    for agent, adapters in adapters_by_agent(episodes).items():
+        shown = [f"{a} (v{reg.current(a)})" if a in known and reg.current(a) else f"{a} (not in the registry)"
+                 for a in adapters]
+        print(f"{agent} -> {', '.join(shown)}")
     return 0

@@ -1,10 +1,21 @@
 """Episodes -> training samples: topological order, tokens, behaviour log-probs, rewards placed.
 
-Each trainable action (kind "llm", agent with an adapter) becomes a Sample, in the episode's
-topological order by D. Observation tokens are the recorded prompt token ids, else the base
-model's chat template over the recorded messages (add_generation_prompt=True), else the recorded
-completion prompt. Action tokens are the sampled ids, else the re-tokenised text (+EOS when it
-stopped); re-tokenised actions are counted, and their log-probs (if any) are not used.
+Each trainable action (kind "llm", trained adapter known) becomes a Sample, in the episode's
+topological order by D. A sample's ``agent`` is the adapter it trains: ``schema.adapter_name``
+(the model name that served the call, else the agent's registry-safe name) when it is one of
+``agents``, else the recorded agent name itself (trainers named by graph node).
+
+Observation tokens are the recorded prompt token ids, else the base model's chat template over
+the recorded messages with the tools the model was offered (``tools=``), assistant tool calls,
+tool results' ``tool_call_id``/``name``, and ``add_generation_prompt=True``; else the recorded
+completion prompt. Action tokens are the sampled ids, else the assistant message (text and tool
+calls) as the template renders it: template(messages + assistant) minus template(messages,
+add_generation_prompt=True), up to and including the end-of-turn EOS when the model stopped
+(nothing after it: the model never samples the template's separators). When the second is not a
+prefix of the first (a template that rewrites earlier turns), the action is skipped as
+``template_prefix_unstable`` rather than trained on shifted tokens. Without messages the text is
+re-tokenised (+EOS when it stopped). Re-tokenised actions are counted, and their log-probs (if
+any) are not used.
 
 Rewards: a team reward (no agent, no action) goes on the episode's last trainable action; an
 agent reward on that agent's last trainable action; an action reward on its action, or on the
@@ -22,7 +33,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import MarftError
-from ..schema import Action, Episode
+from ..schema import Action, Episode, adapter_name, agent_adapter_name, template_message, template_tool_call
 
 log = logging.getLogger("marft_bridge.trainers")
 
@@ -58,28 +69,64 @@ class Batch:
         return sum(len(s.act_ids) for s in self.samples)
 
 
+# Finish reasons of a model that ended its turn itself (its EOS is part of the action).
+STOPPED = frozenset({"stop", "tool_calls", "function_call"})
+
+
+def _template_ids(tokenizer, messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> list[int]:
+    enc = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt,
+                                        tokenize=True)
+    return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+
+
 def observation_ids(action: Action, tokenizer) -> list[int] | None:
     obs = action.observation
     if obs.prompt_token_ids is not None:
         return list(obs.prompt_token_ids)
     if obs.messages:
-        msgs = [{"role": m.role, "content": m.content or ""} for m in obs.messages]
-        enc = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-        return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+        return _template_ids(tokenizer, [template_message(m) for m in obs.messages], obs.tools, True)
     if obs.prompt:
         return tokenizer(obs.prompt, add_special_tokens=False)["input_ids"]
     return None
 
 
-def action_ids(action: Action, tokenizer) -> tuple[list[int], list[float] | None, bool]:
-    """(token ids, behaviour log-probs or None, re-tokenised?)."""
+def _stopped(action: Action) -> bool:
+    out = action.output
+    return out.finish_reason in STOPPED or (out.finish_reason is None and bool(out.tool_calls))
+
+
+def action_ids(action: Action, tokenizer) -> tuple[list[int] | None, list[float] | None, bool]:
+    """(token ids, behaviour log-probs or None, re-tokenised?); ids are None when the chat template's
+    prefix is unstable for this action (see the module docstring)."""
     out = action.output
     if out.token_ids is not None:
         return list(out.token_ids), (list(out.logprobs) if out.logprobs is not None else None), False
-    ids = tokenizer(out.text, add_special_tokens=False)["input_ids"]
-    if out.finish_reason == "stop" and tokenizer.eos_token_id is not None:
-        ids = ids + [tokenizer.eos_token_id]
+    eos = tokenizer.eos_token_id
+    obs = action.observation
+    if not obs.messages:
+        ids = tokenizer(out.text, add_special_tokens=False)["input_ids"]
+        return (ids + [eos] if out.finish_reason == "stop" and eos is not None else ids), None, True
+    messages = [template_message(m) for m in obs.messages]
+    turn = {"role": "assistant", "content": out.text}
+    if out.tool_calls:
+        turn["tool_calls"] = [template_tool_call(c) for c in out.tool_calls]
+    prefix = _template_ids(tokenizer, messages, obs.tools, True)
+    full = _template_ids(tokenizer, messages + [turn], obs.tools, False)
+    if full[:len(prefix)] != prefix:
+        return None, None, True
+    ids = full[len(prefix):]
+    if eos is not None and eos in ids:
+        end = len(ids) - 1 - ids[::-1].index(eos)  # the turn's closing EOS; after it only separators
+        ids = ids[:end + 1] if _stopped(action) else ids[:end]
     return ids, None, True
+
+
+def trained_name(action: Action, agents: set[str]) -> str | None:
+    """The adapter among ``agents`` that ``action`` trains, or None (see the module docstring)."""
+    for name in (adapter_name(action), action.agent, agent_adapter_name(action.agent)):
+        if name in agents:
+            return name
+    return None
 
 
 def _place_untrained(act: Action, kept: list, placed_on: dict[str, int]) -> None:
@@ -105,6 +152,7 @@ def build_batch(episodes: list[Episode], tokenizer, agents: set[str], vocab_size
         kept: list[Sample] = []
         placed_on: dict[str, int] = {}  # action id -> index in kept that receives its reward
         nearest: dict[str, set[int]] = {}  # action id -> nearest kept ancestors (itself when kept)
+        last_of_agent: dict[str, int] = {}  # recorded agent -> index in kept of its last sample
         for act in ep.topological_order():
             parents = set().union(*(nearest.get(d, set()) for d in act.depends_on))
             nearest[act.id] = parents
@@ -112,13 +160,16 @@ def build_batch(episodes: list[Episode], tokenizer, agents: set[str], vocab_size
                 _place_untrained(act, kept, placed_on)
                 continue
             reason = None
-            if act.agent not in agents:
+            name = trained_name(act, agents)
+            if name is None:
                 reason = "agent_without_adapter"
             else:
                 obs = observation_ids(act, tokenizer)
                 ids, beh, retok = action_ids(act, tokenizer)
                 if obs is None or not obs:
                     reason = "no_observation"
+                elif ids is None:
+                    reason = "template_prefix_unstable"
                 elif not ids:
                     reason = "empty_output"
                 elif max(obs + ids) >= vocab_size:
@@ -134,14 +185,13 @@ def build_batch(episodes: list[Episode], tokenizer, agents: set[str], vocab_size
             if beh is None:
                 flagged["no_behaviour_logprobs"] += 1
             temp = act.sampling.temperature if act.sampling and act.sampling.temperature else default_temperature
-            placed_on[act.id] = len(kept)
+            placed_on[act.id] = last_of_agent[act.agent] = len(kept)
             nearest[act.id] = {len(kept)}
-            kept.append(Sample(len(returns), ep.id, act.id, act.agent, act.step, obs, ids, beh, float(temp),
+            kept.append(Sample(len(returns), ep.id, act.id, name, act.step, obs, ids, beh, float(temp),
                                parents=sorted(parents)))
         if not kept:
             skipped["episode_without_trainable_action"] += 1
             continue
-        last_of_agent = {s.agent: i for i, s in enumerate(kept)}
         for r in ep.rewards:
             if r.action_id is not None:
                 target = placed_on.get(r.action_id, 0)  # reward before any trained action: the first

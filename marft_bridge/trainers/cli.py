@@ -19,7 +19,9 @@ def add_commands(sub) -> None:
     p.add_argument("--base-model", required=True, metavar="PATH", help="transformers model directory (local)")
     p.add_argument("--config", metavar="FILE", help="YAML file of MarftConfig options (defaults: the paper's code)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    p.add_argument("--agents", help="comma-separated agents to train (default: every agent with llm actions)")
+    p.add_argument("--agents", help="comma-separated adapters to train, or agents (paths like supervisor/agent) "
+                   "mapped to the adapters their calls used (default: every adapter that served an llm action: "
+                   "the call's model name, else the agent path with '/' as '.')")
     p.add_argument("--iterations", type=int, help="number of updates (default: one pass over the episodes)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="override the config's device")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint when it exists")
@@ -43,7 +45,8 @@ def _train(args) -> int:
 
     from ..errors import MarftError
     from .config import MarftConfig
-    from .sources import agents_of, load_episodes
+    from ..schema import adapters_by_agent, resolve_adapters
+    from .sources import load_episodes
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console(stderr=True)
@@ -55,7 +58,14 @@ def _train(args) -> int:
     episodes = load_episodes(args.store, args.episodes)
     if not episodes:
         raise MarftError("no rewarded episodes found")
-    agents = [a.strip() for a in args.agents.split(",") if a.strip()] if args.agents else agents_of(episodes)
+    known = adapters_by_agent(episodes)
+    asked = [a.strip() for a in args.agents.split(",") if a.strip()] if args.agents else list(known)
+    agents = resolve_adapters(asked, known)
+    if not agents:
+        raise MarftError("the episodes have no llm actions to train")
+    mapped = {a: known[a] for a in asked if a in known and known[a] != [a]}
+    if mapped:
+        console.print("agent -> adapter: " + ", ".join(f"{a} -> {' '.join(n)}" for a, n in mapped.items()))
     iterations = args.iterations or math.ceil(len(episodes) / config.batch_episodes)
     if iterations < 1:
         raise MarftError("--iterations must be at least 1")
