@@ -128,3 +128,43 @@ def test_help_explains_every_action():
         assert action in r.stdout
     r = marft("traces", "export", "--help")
     assert "--format" in r.stdout and "--since" in r.stdout and "Lossless" in r.stdout
+
+
+def test_show_prints_tool_calls_and_tool_steps(tmp_path):
+    from marft_bridge.schema import Action, Message, Observation, Output, Policy
+
+    def call(cid, name, args):
+        return {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+    add, hand = call("call_1", "add", {"a": 2, "b": 3}), call("call_h", "transfer_to_math_expert", {})
+    bad = call("call_2", "add", {"a": "x"})
+    acts = [
+        Action(id="s1", agent="supervisor/agent", policy=Policy(name="supervisor"),
+               output=Output(text="", tool_calls=[hand], finish_reason="tool_calls")),
+        # the shape tool steps are recorded in (LangGraph ToolNode, MCP): the call in the observation
+        Action(id="h1", agent="supervisor/agent", step=1, kind="tool", depends_on=["s1"],
+               observation=Observation(messages=[Message(role="assistant", tool_calls=[hand])]),
+               output=Output(text="Successfully transferred to math_expert"),
+               metadata={"tool.name": "transfer_to_math_expert", "handoff.goto": "math_expert"}),
+        Action(id="w1", agent="math_expert/agent", step=2, depends_on=["h1"],
+               output=Output(text="Adding.", tool_calls=[add, bad], finish_reason="tool_calls")),
+        Action(id="t1", agent="math_expert/agent", step=3, kind="tool", depends_on=["w1"],
+               observation=Observation(messages=[Message(role="assistant", tool_calls=[add])]), output=Output(text="5")),
+        Action(id="t2", agent="math_expert/agent", step=3, kind="tool", depends_on=["w1"],
+               observation=Observation(messages=[Message(role="assistant", tool_calls=[bad])]),
+               error="ValueError: not a number"),
+    ]
+    db = tmp_path / "t.db"
+    with TraceStore.open(db) as s:
+        s.add_episode(Episode(id="sup", actions=acts))
+    r = marft("traces", "show", "sup", "--store", str(db), env={"COLUMNS": "400"})
+    assert r.returncode == 0, r.stderr
+    rows = {line.split("│")[2].strip(): line.split("│")[-2].strip() for line in r.stdout.splitlines()
+            if line.count("│") > 8 and line.split("│")[2].strip() in {"s1", "h1", "w1", "t1", "t2"}}
+    assert rows == {
+        "s1": "-> transfer_to_math_expert()",
+        "h1": "transfer_to_math_expert() = Successfully transferred to math_expert (handoff -> math_expert)",
+        "w1": 'Adding. -> add(a=2, b=3), add(a="x")',
+        "t1": "add(a=2, b=3) = 5",
+        "t2": 'add(a="x") ! error: ValueError: not a number',
+    }

@@ -197,7 +197,7 @@ def _show(args) -> int:
         policy = f"{a.policy.name}" + (f" v{a.policy.version}" if a.policy and a.policy.version is not None else "") if a.policy else "-"
         ntok = len(a.output.token_ids) if a.output.token_ids is not None else "-"
         table.add_row(f"#{k}", a.id, a.agent, str(a.step), a.kind, " ".join(short[d] for d in a.depends_on) or "-",
-                      policy, str(ntok), _preview(a.error and f"error: {a.error}" or a.output.text, 60))
+                      policy, str(ntok), _output_text(a))
     console.print(table)
 
     if ep.rewards:
@@ -221,6 +221,34 @@ def _show(args) -> int:
                 node.add(f"<- {short[d]} {by_id[d].agent} (step {by_id[d].step})")
     console.print(tree)
     return 0
+
+
+def _call_text(call: dict) -> str:
+    """A tool call as ``name(k=v, ...)``, arguments as JSON values."""
+    from ..schema import template_tool_call
+
+    fn = template_tool_call(call)["function"]
+    args = fn["arguments"]
+    inner = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in args.items()) \
+        if isinstance(args, dict) else str(args)
+    return f"{fn['name'] or '?'}({inner})"
+
+
+def _output_text(a) -> str:
+    """The output column: an llm action's text and the tool calls it made (``-> add(a=2, b=3)``); a tool
+    step's call and its result (``add(a=2, b=3) = 5``) or error; else the text or error."""
+    if a.kind == "tool":
+        calls = [c for m in a.observation.messages for c in (m.tool_calls or ())]
+        if calls:
+            call = _call_text(calls[-1])
+            goto = a.metadata.get("handoff.goto")
+            handoff = f" (handoff -> {goto})" if goto else ""
+            return _preview(f"{call} ! error: {a.error}" if a.error else f"{call} = {a.output.text}{handoff}", 100)
+    if a.error:
+        return _preview(f"error: {a.error}", 60)
+    calls = ", ".join(_call_text(c) for c in a.output.tool_calls or ())
+    text = _preview(a.output.text, 60)
+    return _preview(" ".join(p for p in (text, calls and f"-> {calls}") if p), 100)
 
 
 def _preview(text: str | None, n: int) -> str:
