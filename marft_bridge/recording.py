@@ -73,7 +73,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from .schema import Action, Episode, Observation, Output, Policy, Reward, SamplingParams, utcnow
 
@@ -464,13 +464,44 @@ class EpisodeRecorder:
 # that task without importing the integration that owns it.
 
 _TASK_CONTEXTS: list[tuple[Callable[[], bool], Callable[..., bool]]] = []
+_TASK_HANDLES: list[Callable[[], Any]] = []
 
 
-def register_task_context(in_task: Callable[[], bool], record: Callable[..., bool]) -> None:
+def register_task_context(in_task: Callable[[], bool], record: Callable[..., bool],
+                          current: Callable[[], Any] | None = None) -> None:
     """``in_task()``: is a captured framework task running in this context; ``record(fields, started,
-    kind)``: record an action as that task's agent (``record_action`` keyword fields), True if it did."""
+    kind)``: record an action as that task's agent (``record_action`` keyword fields), True if it did;
+    ``current()``: the running task as a ``FrameworkTask`` (or None)."""
     if (in_task, record) not in _TASK_CONTEXTS:
         _TASK_CONTEXTS.append((in_task, record))
+    if current is not None and current not in _TASK_HANDLES:
+        _TASK_HANDLES.append(current)
+
+
+class FrameworkTask(Protocol):
+    """A running framework task (a LangGraph node), for call steps made inside it (MCP, A2A): its
+    ``agent``, ``step``, ``recorder``, whether its run ``finished``, ``depends_on()`` (its inputs and
+    earlier actions, in recording order) and ``record(kind, fields, depends_on, started)``, which
+    records an action as one of the task's own (``fields``: ``record_action`` keywords)."""
+
+    agent: str
+    step: int | None
+    recorder: EpisodeRecorder
+    finished: bool
+
+    def depends_on(self) -> list[str]: ...
+
+    def record(self, kind: str, fields: dict[str, Any], depends_on: Any, started: datetime | None = None) -> str: ...
+
+
+def current_framework_task() -> FrameworkTask | None:
+    """The captured framework task running in this context, if any."""
+    for current in _TASK_HANDLES:
+        with guarded("recording.task_context"):
+            t = current()
+            if t is not None:
+                return t
+    return None
 
 
 def in_framework_task() -> bool:

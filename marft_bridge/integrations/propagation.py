@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RecordError
-from ..recording import EpisodeRecorder, capture_error, guarded
+from ..recording import EpisodeRecorder, FrameworkTask, capture_error, current_framework_task, guarded
 from ..schema import MAX_NAME_CHARS
 
 log = logging.getLogger("marft_bridge.capture")
@@ -125,17 +125,6 @@ def conversation_episode_id(context_id: str) -> str:
 # -- the caller's side ---------------------------------------------------------------------------
 
 
-def _langgraph_task() -> Any:
-    import sys
-
-    # Only when the app uses LangGraph: this module must not pull LangChain in by itself.
-    if "marft_bridge.integrations.langgraph" not in sys.modules:
-        return None
-    from . import langgraph as lg
-
-    return lg._current_task()
-
-
 @dataclass
 class CallStep:
     """A call step being made: its reserved id, its step, what it depends on."""
@@ -144,7 +133,7 @@ class CallStep:
     action_id: str
     step: int
     depends_on: list[str]
-    task: Any = None  # the LangGraph task it runs in, if any
+    task: FrameworkTask | None = None  # the framework task (a LangGraph node) it runs in, if any
     # Callee halves served in this process, recorded after the call step (see the module doc).
     halves: list[tuple[dict, JoinWriter, bool]] = field(default_factory=list)
     settled: bool = False
@@ -170,11 +159,11 @@ class CallStep:
         t = self.task
         recorded = False
         try:
-            if t is not None and not t.run.finished:
+            if t is not None and not t.finished:
                 # Inside a LangGraph node: the step is one of the node's actions, so the data the node
                 # writes (the tool result) carries it to the next model call.
                 fields = {**fields, "action_id": self.action_id, "metadata": metadata or {}}
-                aid = t.run.record(t, kind, fields, deps, started_at)
+                aid = t.record(kind, fields, deps, started_at)
             else:
                 aid = self.recorder.record_action(agent, kind=kind, step=self.step, depends_on=deps,
                                                   started_at=started_at, metadata=metadata, action_id=self.action_id,
@@ -199,10 +188,9 @@ class CallStep:
 def begin_call(recorder: EpisodeRecorder, agent: str | None) -> CallStep:
     """Reserve a call step in ``recorder``: inside a LangGraph node it depends on the node's inputs
     and earlier actions; otherwise on the latest model call of ``agent`` (or of anyone)."""
-    t = _langgraph_task()
-    if t is not None and t.run.recorder is recorder:
-        with t.run.lock:
-            deps = t.run.sorted_ids(t.deps | frozenset(t.actions))
+    t = current_framework_task()
+    if t is not None and t.recorder is recorder:
+        deps = t.depends_on()
         return _in_flight(CallStep(recorder, recorder.new_action_id(), t.step, deps, t))
     acts = recorded(recorder)[::-1]  # newest first
     llms = [a for a in acts if a[0] == "llm"]

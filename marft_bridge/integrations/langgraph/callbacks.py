@@ -1,0 +1,223 @@
+"""Public tier: one LangChain callback handler, reading public run metadata.
+
+Model calls (``on_chat_model_start`` / ``on_llm_start`` / ``on_llm_end`` / ``on_llm_error``) and
+tool executions (``on_tool_start`` / ``on_tool_end`` / ``on_tool_error``) arrive here with the
+run metadata LangGraph sets (``langgraph_checkpoint_ns``, ``langgraph_node``, ``langgraph_step``),
+which names the task they run in. The handler is added per instrumented run (its config's
+``callbacks``) or, inside ``capture()``, through ``langchain_core.tracers.context.
+register_configure_hook``; with no app instrumented and no capture block open LangChain never
+calls it. It is one object (LangChain de-duplicates it when both paths add it) and keeps no
+state of its own beyond the calls in flight.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+
+from ...recording import capture_error
+from .. import openai as oa
+from . import convert, tools
+from .provenance import Task
+from .runs import _RUN_FINISHED, find_task
+
+
+class _Call:
+    __slots__ = ("task", "deps", "messages", "params", "model", "started", "sink", "sink_token")
+
+    def __init__(self, task: Task, deps: frozenset[str], messages: list[dict], params: dict, model: str,
+                 sink: oa.RawCall | None, sink_token: Any):
+        from ...schema import utcnow
+
+        self.task = task
+        self.deps = deps
+        self.messages = messages
+        self.params = params
+        self.model = model
+        self.started = utcnow()
+        self.sink = sink
+        self.sink_token = sink_token
+
+
+# Model calls in flight by LangChain run id.
+_CALLS: dict[UUID, _Call] = {}
+
+
+def _forget(run: Any) -> None:
+    """A finished run's model calls that never ended (an abandoned stream) are dropped."""
+    if _CALLS:
+        for rid in [rid for rid, c in list(_CALLS.items()) if c.task.run is run]:
+            _CALLS.pop(rid, None)
+    tools.forget(run)
+
+
+_RUN_FINISHED.append(_forget)
+
+
+def _observation(call: _Call) -> dict[str, Any]:
+    obs: dict[str, Any] = {"messages": call.messages}
+    offered, choice = convert.offered_tools(call.params)
+    if offered:
+        obs["tools"] = offered
+    if choice is not None:
+        obs["tool_choice"] = choice
+    return obs
+
+
+def _start(serialized: dict | None, messages: list, run_id: UUID, meta: dict | None, kw: dict) -> None:
+    task = find_task(meta or {})
+    if task is None:
+        return
+    params = kw.get("invocation_params") or {}
+    model = str(params.get("model") or params.get("model_name") or (meta or {}).get("ls_model_name")
+                or (serialized or {}).get("name") or params.get("_type") or "unknown")
+    run = task.run
+    with run.lock:
+        deps = run.deps_of(task)
+        task.calls += 1
+    # The raw openai response pairs with this call unless another call of this context is still
+    # open (LangChain's generate() starts every prompt of a batch before the first ends): then
+    # neither pairs.
+    open_sink = oa.RAW_SINK.get()
+    sink, token = None, None
+    if open_sink is not None and not open_sink.done and open_sink.response is None:
+        open_sink.done = True
+    else:
+        sink = oa.RawCall()
+        token = oa.RAW_SINK.set(sink)
+    converted = [m if isinstance(m, dict) else convert.message(m) for m in messages]
+    _CALLS[run_id] = _Call(task, deps, converted, params, model, sink, token)
+
+
+def _end(run_id: UUID, response: Any = None, error: BaseException | None = None) -> None:
+    call = _CALLS.pop(run_id, None)
+    if call is None:
+        return
+    sink = call.sink
+    if sink is not None:
+        sink.done = True
+        try:
+            oa.RAW_SINK.reset(call.sink_token)
+        except ValueError:  # ended in another context; the done flag already disarms it
+            pass
+    try:
+        if error is not None:
+            fields = {"observation": _observation(call), "policy": {"name": call.model},
+                      "sampling": convert.sampling(call.params), "error": f"{type(error).__name__}: {error}"}
+        elif sink is not None and sink.response is not None:
+            fields = oa.completion_fields(sink.request or {}, sink.response)
+            obs = fields["observation"]
+            mine = _observation(call)
+            obs["messages"] = call.messages or obs["messages"]
+            for k in ("tools", "tool_choice"):
+                if obs.get(k) is None and k in mine:
+                    obs[k] = mine[k]
+        else:
+            fields = _fields_from_generation(call, response)
+        run = call.task.run
+        aid = run.record(call.task, "llm", fields, call.deps, call.started)
+        tools.note_calls(run, aid, call.task.agent, (fields.get("output") or {}).get("tool_calls"))
+    except Exception as e:  # noqa: BLE001
+        capture_error("langgraph.llm_end", e, call.task.run.recorder)
+
+
+def _fields_from_generation(call: _Call, response: Any) -> dict[str, Any]:
+    gen = response.generations[0][0]
+    msg = getattr(gen, "message", None)
+    info = gen.generation_info or {}
+    rmeta = getattr(msg, "response_metadata", None) or {}
+    logprobs = info.get("logprobs") or rmeta.get("logprobs")
+    ids, lps, problem = oa.token_data(logprobs, None) if logprobs else (None, None, None)
+    return {
+        "observation": _observation(call),
+        "output": {"text": gen.text or "", "token_ids": ids, "logprobs": lps, "tool_calls": convert.tool_calls(msg),
+                   "finish_reason": info.get("finish_reason") or rmeta.get("finish_reason")},
+        "sampling": convert.sampling(call.params),
+        "policy": {"name": call.model},
+        "metadata": {"token_data_dropped": problem} if problem else {},
+    }
+
+
+class MarftCallbackHandler(BaseCallbackHandler):
+    """Records the model calls and tool executions of captured LangGraph tasks (see module doc)."""
+
+    run_inline = True  # called in the caller's context (the raw-response sink is a context variable)
+    raise_error = False
+    ignore_chain = True
+    ignore_retriever = True
+    ignore_agent = True
+    ignore_retry = True
+    ignore_custom_event = True
+
+    def on_chat_model_start(self, serialized: dict, messages: list[list], *, run_id: UUID,
+                            metadata: dict | None = None, **kw: Any) -> None:
+        try:
+            for msgs in messages:
+                _start(serialized, msgs, run_id, metadata, kw)
+        except Exception as e:  # noqa: BLE001 - capture must not break the app
+            capture_error("langgraph.model_start", e)
+
+    def on_llm_start(self, serialized: dict, prompts: list[str], *, run_id: UUID,
+                     metadata: dict | None = None, **kw: Any) -> None:
+        try:
+            for p in prompts:
+                _start(serialized, [{"role": "user", "content": p}], run_id, metadata, kw)
+        except Exception as e:  # noqa: BLE001
+            capture_error("langgraph.model_start", e)
+
+    def on_llm_end(self, response: Any, *, run_id: UUID, **kw: Any) -> None:
+        if _CALLS:
+            _end(run_id, response)
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kw: Any) -> None:
+        if _CALLS:
+            _end(run_id, error=error)
+
+    def on_tool_start(self, serialized: dict, input_str: str, *, run_id: UUID, metadata: dict | None = None,
+                      inputs: dict | None = None, **kw: Any) -> None:
+        try:
+            task = find_task(metadata or {})
+            if task is not None:
+                name = kw.get("name") or (serialized or {}).get("name") or "tool"
+                tools.start(task, run_id, str(name), inputs if inputs is not None else input_str, kw.get("tool_call_id"))
+        except Exception as e:  # noqa: BLE001
+            capture_error("langgraph.tool_start", e)
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kw: Any) -> None:
+        tools.end(run_id, output)
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kw: Any) -> None:
+        tools.end(run_id, error=error)
+
+
+HANDLER = MarftCallbackHandler()
+# Set inside ``capture()`` blocks: LangChain's configure hook adds HANDLER to every run there.
+ACTIVE: contextvars.ContextVar[MarftCallbackHandler | None] = contextvars.ContextVar(
+    "marft_langgraph_callbacks", default=None)
+_hooked = False
+
+
+def register_hook() -> None:
+    """Register ``ACTIVE`` with LangChain once; it adds the handler only while the variable is set."""
+    global _hooked
+    if not _hooked:
+        from langchain_core.tracers.context import register_configure_hook
+
+        register_configure_hook(ACTIVE, inheritable=True)
+        _hooked = True
+
+
+def with_handler(config: Any) -> Any:
+    """``config`` with HANDLER among its callbacks (a list, or a manager that gets a copy)."""
+    cbs = config.get("callbacks") if config else None
+    if cbs is None:
+        new: Any = [HANDLER]
+    elif isinstance(cbs, list):
+        new = cbs if HANDLER in cbs else [*cbs, HANDLER]
+    else:  # a BaseCallbackManager
+        new = cbs.copy()
+        new.add_handler(HANDLER, inherit=True)
+    return {**config, "callbacks": new}

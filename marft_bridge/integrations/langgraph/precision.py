@@ -1,0 +1,408 @@
+"""Precision tier: exact channel provenance from LangGraph's Pregel loop (private hooks, gated).
+
+The ONLY module that imports LangGraph's private modules (``langgraph.pregel._loop``,
+``langgraph.pregel._runner``, ``langgraph._internal._future``). It hooks, with pass-through
+``wrapt`` wrappers (``(wrapped, instance, args, kwargs)``: an upstream signature change cannot
+raise from binding), ``PregelLoop.tick`` / ``after_tick`` / ``accept_push``, the loops'
+``__exit__`` / ``__aexit__`` and the runner's ``_call`` / ``_acall``. It is applied only when the
+installed LangGraph is in ``SUPPORTED`` (else it logs once and the public tier runs alone, the
+episodes marked ``metadata["dependency_source"] = "langgraph_run_metadata"``), and ``uninstall()``
+puts every original back (``PregelLoop.tick is original``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import logging
+import threading
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from ...recording import capture_error, guarded
+from . import channels as kinds
+from . import futures
+from . import provenance as pv
+from .runs import RUN, TASKS, CaptureHandler, Task, record_env, task_id
+
+log = logging.getLogger("marft_bridge.capture")
+
+# LangGraph versions whose loop internals these hooks were checked against: [low, high).
+SUPPORTED = ((1, 0), (1, 3))
+_PUSH = "__pregel_push"
+_TASKS = "__pregel_tasks"
+# The value an entrypoint saved on its thread (functional API): every task is handed it.
+_PREVIOUS = "__previous__"
+# Config key that marks an instrumented run; "__" keeps it out of checkpoint metadata.
+MARK = "__marft_capture"
+CAPTURE_HANDLER: contextvars.ContextVar[CaptureHandler | None] = contextvars.ContextVar(
+    "marft_langgraph_capture", default=None)
+
+
+def _parse(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in v.split(".")[:3] if p.isdigit())
+
+
+def installed_version() -> tuple[int, ...] | None:
+    try:
+        return _parse(version("langgraph"))
+    except PackageNotFoundError:
+        return None
+
+
+def supported(v: tuple[int, ...] | None = None) -> bool:
+    v = installed_version() if v is None else v
+    return v is not None and SUPPORTED[0] <= v < SUPPORTED[1]
+
+
+# -- one Pregel loop's provenance ----------------------------------------------------------------
+
+
+class _LoopState:
+    """Provenance of one Pregel loop's channels (a root graph or a subgraph)."""
+
+    __slots__ = ("loop", "run", "parent", "prov", "sends", "seen", "resumed", "bubbled")
+
+    def __init__(self, loop: Any, run: Any, parent: Task | None):
+        self.loop = loop
+        self.run = run
+        self.parent = parent
+        self.prov: dict[str, frozenset[str]] = {}
+        self.sends: dict[int, tuple[Any, frozenset[str]]] = {}  # id(Send.arg) -> (Send, provenance)
+        self.seen: set[str] = set()
+        self.resumed: dict[str, tuple[frozenset[str], list[str]]] = {}  # see _ThreadHistory.stopped
+        # Actions of the step a ParentCommand (a handoff) unwound: they reach the parent graph.
+        self.bubbled: frozenset[str] = pv.EMPTY
+
+    def output_provenance(self) -> frozenset[str]:
+        keys = self.loop.output_keys
+        keys = [keys] if isinstance(keys, str) else keys
+        return pv.inputs(self.prov, keys) | self.bubbled
+
+    def accumulates(self, ch: str) -> bool:
+        return kinds.accumulates(self.loop.channels.get(ch))
+
+
+class _ThreadHistory:
+    """What a run leaves on a checkpointed thread for the next run of the same episode there: the
+    provenance of its channels, their versions then, and the tasks of the step it stopped in
+    (interrupted or failed): id -> (deps, actions). Those run again on resume, with the same
+    inputs, or hand back the writes they saved."""
+
+    __slots__ = ("prov", "versions", "stopped")
+
+    def __init__(self, st: _LoopState):
+        self.prov = st.prov
+        self.versions = dict(st.loop.checkpoint["channel_versions"])
+        self.stopped = {tid: (t.deps, list(t.actions)) for tid in st.loop.tasks if (t := TASKS.get(tid)) is not None}
+
+
+def _attach(h: CaptureHandler, loop: Any) -> _LoopState | None:
+    ns = (loop.config.get("configurable") or {}).get("checkpoint_ns") or ""
+    parent = TASKS.get(task_id(ns)) if ns else None
+    if parent is not None:
+        st = _LoopState(loop, parent.run, parent)
+        parent.children.append(st)
+    elif h.run is None:  # capture(): every root graph run is a run of its own
+        run = h.new_run(loop.input)
+        st = _LoopState(loop, run, None)
+        loop.__dict__["_marft_owns_run"] = run
+    elif h.run.base is not None:
+        return None  # a second root loop under one instrumented call: not ours
+    else:
+        st = _LoopState(loop, h.run, None)
+    h.precise = True
+    if parent is None:
+        st.run.base = st.run.recorder.max_step() or 0
+    _restore_history(st)
+    return st
+
+
+def _find_handler(loop: Any) -> CaptureHandler | None:
+    h = (loop.config.get("configurable") or {}).get(MARK)
+    return h if isinstance(h, CaptureHandler) else CAPTURE_HANDLER.get()
+
+
+def _state(loop: Any) -> _LoopState | None:
+    st = loop.__dict__.get("_marft")
+    if st is False:
+        return None
+    if st is None:
+        h = _find_handler(loop)
+        st = (_attach(h, loop) if h is not None else None) or False
+        loop.__dict__["_marft"] = st
+    return st or None
+
+
+# -- checkpointed threads --------------------------------------------------------------------------
+
+
+def _thread_key(st: _LoopState) -> tuple[str, str] | None:
+    """Where the loop's channels and the run's episode both outlive the run: (thread_id, checkpoint_ns)."""
+    loop = st.loop
+    conf = loop.config.get("configurable") or {}
+    if st.run.scope is None or loop.checkpointer is None or conf.get("thread_id") is None:
+        return None
+    return str(conf["thread_id"]), conf.get("checkpoint_ns") or ""
+
+
+def _restore_history(st: _LoopState) -> None:
+    key = _thread_key(st)
+    # Taken, not read: the loop leaves its own history when it exits (a finished subgraph none).
+    hist = st.run.scope.threads.pop(key, None) if key else None
+    if hist is None:
+        return
+    st.prov = pv.restore(hist.prov, hist.versions, st.loop.checkpoint["channel_versions"], st.accumulates)
+    st.resumed = hist.stopped
+
+
+def _save_history(st: _LoopState, exc: BaseException | None) -> None:
+    key = _thread_key(st)
+    if key is None or st.run.recorder.closed:
+        return
+    from langgraph.errors import GraphInterrupt
+
+    # A subgraph's namespace names its parent task: only resuming that interrupted task reruns it.
+    if st.parent is None or isinstance(exc, GraphInterrupt):
+        st.run.scope.threads[key] = _ThreadHistory(st)
+
+
+# -- tasks of a step ---------------------------------------------------------------------------------
+
+
+def _new_task(st: _LoopState, task: Any, deps: frozenset[str], internal: bool) -> Task:
+    loop, run, parent = st.loop, st.run, st.parent
+    meta = task.config.get("metadata") or {}
+    name = str(meta.get("agent_name") or task.name)
+    if parent is not None:
+        agent, step, lg_steps = f"{parent.agent}/{name}", parent.step, [*parent.lg_steps, loop.step]
+    else:
+        agent, step, lg_steps = name, (run.base or 0) + loop.step, [loop.step]
+    return Task(task.id, run, agent, task.name, step, lg_steps, meta.get("langgraph_checkpoint_ns") or task.id,
+                deps, internal)
+
+
+def _register_tasks(st: _LoopState) -> None:
+    loop, parent = st.loop, st.parent
+    for task in loop.tasks.values():
+        if task.id in st.seen:
+            continue
+        st.seen.add(task.id)
+        internal = task.name.startswith("__")
+        resumed = st.resumed.get(task.id)
+        if resumed is not None:
+            deps = resumed[0]  # a task of the step an earlier run stopped in: the same inputs
+        elif internal:
+            deps = parent.deps if parent is not None else pv.EMPTY
+        elif task.path and task.path[0] == _PUSH:
+            sent = st.sends.get(id(task.input))
+            deps = sent[1] if sent is not None and sent[0].arg is task.input else pv.EMPTY.union(
+                *(p for _, p in st.sends.values()))
+        else:
+            node = loop.nodes.get(task.name)
+            chans = getattr(node, "channels", None) or []
+            chans = [chans] if isinstance(chans, str) else list(chans)
+            deps = pv.inputs(st.prov, (*chans, *task.triggers, _PREVIOUS))
+        t = TASKS[task.id] = _new_task(st, task, deps, internal)
+        if resumed is not None and task.writes:
+            t.actions.extend(resumed[1])  # it had finished: its saved writes come back, it does not run again
+        st.run.task_ids.append(task.id)
+
+
+def _apply_writes(st: _LoopState) -> None:
+    loop = st.loop
+    st.sends = {}
+    step: list[tuple[frozenset[str], list[str]]] = []
+    for task in loop.tasks.values():
+        t = TASKS.get(task.id)
+        if t is None:
+            continue
+        out = pv.task_output(t)
+        if out is None:
+            record_env(t, task.writes)
+            out = frozenset(t.actions)
+        chans = []
+        for ch, val in task.writes:
+            if ch == _TASKS:
+                if hasattr(val, "arg"):
+                    st.sends[id(val.arg)] = (val, out)
+            else:
+                chans.append(ch)
+        step.append((out, chans))
+    pv.apply_writes(st.prov, step, st.accumulates)
+
+
+def _drop_cleared(st: _LoopState) -> None:
+    channels = st.loop.channels
+    pv.drop_cleared(st.prov, lambda ch: (c := channels.get(ch)) is not None and c.is_available())
+
+
+def _loop_exited(loop: Any, exc: BaseException | None) -> None:
+    d = loop.__dict__
+    st = d.get("_marft")
+    if st:
+        d["_marft"] = False  # cuts the loop <-> state cycle; the loop has ended
+        with guarded("langgraph.history", st.run.recorder):
+            from langgraph.errors import GraphBubbleUp, GraphInterrupt
+
+            if isinstance(exc, GraphBubbleUp) and not isinstance(exc, GraphInterrupt):
+                # A ParentCommand (a handoff tool's Command(graph=PARENT)) unwound the step: what its
+                # tasks recorded (the handoff's tool step) is what the parent graph receives.
+                st.bubbled = pv.EMPTY.union(*(frozenset(t.actions) for tid in loop.tasks
+                                              if (t := TASKS.get(tid)) is not None))
+            _save_history(st, exc)
+    run = d.pop("_marft_owns_run", None)
+    if run is not None:
+        from ...recording import jsonable
+
+        with guarded("langgraph.finish", run.recorder):
+            out = None
+            with guarded("langgraph.output", run.recorder):
+                out = jsonable(loop.output) if exc is None else None
+            run.finish(out, exc)
+
+
+# -- the hooks ----------------------------------------------------------------------------------------
+
+
+def _arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
+    return args[i] if len(args) > i else kwargs.get(name)
+
+
+def _tick(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    more = wrapped(*args, **kwargs)
+    if more:
+        try:
+            st = _state(instance)
+            if st is not None:
+                _register_tasks(st)
+        except Exception as e:  # noqa: BLE001 - capture must not break the app
+            capture_error("langgraph.tick", e)
+    return more
+
+
+def _after_tick(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    st = None
+    try:
+        st = _state(instance)
+        if st is not None:
+            _apply_writes(st)
+    except Exception as e:  # noqa: BLE001
+        capture_error("langgraph.after_tick", e)
+    out = wrapped(*args, **kwargs)
+    if st is not None:
+        try:
+            _drop_cleared(st)
+        except Exception as e:  # noqa: BLE001
+            capture_error("langgraph.after_tick", e)
+    return out
+
+
+def _accept_push(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    pushed = wrapped(*args, **kwargs)
+    if pushed is not None:
+        try:
+            st = _state(instance)
+            if st is not None:
+                futures.register_pushed(st, _arg(args, kwargs, 0, "task"), pushed)
+        except Exception as e:  # noqa: BLE001
+            capture_error("langgraph.accept_push", e)
+    return pushed
+
+
+def _exit(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        with guarded("langgraph.loop_exit"):
+            _loop_exited(instance, _arg(args, kwargs, 1, "exc_value"))
+
+
+async def _aexit(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    try:
+        return await wrapped(*args, **kwargs)
+    finally:
+        with guarded("langgraph.loop_exit"):
+            _loop_exited(instance, _arg(args, kwargs, 1, "exc_value"))
+
+
+def _call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """LangGraph's ``@task`` call (``_runner._call`` / ``_acall``), with a future that notes reads."""
+    if not TASKS:
+        return wrapped(*args, **kwargs)
+    return futures.tracked_call(wrapped, _arg(args, kwargs, 0, "task"), args, kwargs, _chain_future)
+
+
+def _chain_future(source: Any, target: Any) -> Any:
+    from langgraph._internal._future import chain_future
+
+    return chain_future(source, target)
+
+
+# (owner, attribute, wrapper); the owner is resolved when installing.
+_HOOKS = (("_loop.PregelLoop", "tick", _tick), ("_loop.PregelLoop", "after_tick", _after_tick),
+          ("_loop.PregelLoop", "accept_push", _accept_push), ("_loop.SyncPregelLoop", "__exit__", _exit),
+          ("_loop.AsyncPregelLoop", "__aexit__", _aexit), ("_runner", "_call", _call), ("_runner", "_acall", _call))
+_originals: list[tuple[Any, str, Any]] = []
+_lock = threading.Lock()
+_warned = False
+
+
+def installed() -> bool:
+    return bool(_originals)
+
+
+def install() -> bool:
+    """Apply the hooks once (True when they are in place). Outside ``SUPPORTED``, or when a hooked
+    name is missing, logs once and applies none: the public tier runs alone."""
+    global _warned
+    with _lock:
+        if _originals:
+            return True
+        v = installed_version()
+        try:
+            if not supported(v):
+                raise RuntimeError(f"langgraph {'.'.join(map(str, v or ()))} is outside the supported range "
+                                   f"{'.'.join(map(str, SUPPORTED[0]))} <= v < {'.'.join(map(str, SUPPORTED[1]))}")
+            import wrapt
+            from langgraph.pregel import _loop, _runner
+
+            mods = {"_loop": _loop, "_runner": _runner}
+            targets = []
+            for owner, attr, hook in _HOOKS:
+                mod, _, cls = owner.partition(".")
+                obj = getattr(mods[mod], cls) if cls else mods[mod]
+                targets.append((obj, attr, (obj.__dict__ if cls else vars(obj))[attr], hook))
+        except Exception as e:  # noqa: BLE001 - no precision tier, the public one still records
+            if not _warned:
+                _warned = True
+                log.warning("marft capture: LangGraph channel provenance is off (%s); dependencies come from "
+                            "public run metadata (episodes say metadata['dependency_source'])", e)
+            return False
+        for obj, attr, original, hook in targets:
+            _originals.append((obj, attr, original))
+            setattr(obj, attr, wrapt.FunctionWrapper(original, hook))
+        return True
+
+
+def uninstall() -> None:
+    """Put every hooked callable back (the objects found at install)."""
+    with _lock:
+        while _originals:
+            obj, attr, original = _originals.pop()
+            setattr(obj, attr, original)
+
+
+def mark(config: Any, handler: CaptureHandler) -> dict:
+    """``config`` with the capture handler in ``configurable`` (what the loop hook looks for)."""
+    cfg = dict(config or {})
+    cfg["configurable"] = {**(cfg.get("configurable") or {}), MARK: handler}
+    return cfg
+
+
+def marked(config: Any) -> bool:
+    return isinstance(config, dict) and MARK in (config.get("configurable") or {})
+
+
+__all__ = ["CAPTURE_HANDLER", "RUN", "SUPPORTED", "install", "installed", "mark", "marked", "supported", "uninstall"]

@@ -1,0 +1,127 @@
+"""Which recorded actions reached which task's input: the dependency rules, as pure code.
+
+No LangGraph import: the precision tier (``precision.py``) reads the loop and calls these with
+plain values (channel names, writes, versions), so the rules are unit-tested on their own.
+
+Provenance of a channel = the ids of the actions whose output its current value came from.
+- A task depends on the provenance of the channels its node reads and of its triggers.
+- A write to an accumulating channel adds the writer's provenance; a write to a replace channel
+  replaces it (two writes to one channel in one step both count: the reducer saw both).
+- A cleared channel (no value after the step) loses its provenance.
+- On a checkpointed thread, a replace channel written outside the captured runs since (its
+  version moved) loses its old provenance; an accumulating one still holds what was written.
+
+``Task`` is one node execution (or functional-API ``@task`` call); ``seen(t)`` is what its next
+action starts from and ``result(t)`` what it hands back to its caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from ...schema import utcnow
+
+Provenance = frozenset  # of action ids
+EMPTY: frozenset[str] = frozenset()
+
+
+class Task:
+    """One task of a captured run: agent, step, inputs' provenance and the actions it recorded."""
+
+    __slots__ = ("id", "run", "agent", "node", "step", "lg_steps", "ns", "deps", "actions", "children", "internal",
+                 "calls", "started", "pushed", "pusher", "received")
+
+    def __init__(self, id: str, run: Any, agent: str, node: str, step: int | None, lg_steps: list[int], ns: str,
+                 deps: frozenset[str], internal: bool = False):
+        self.id = id
+        self.run = run
+        self.agent = agent
+        self.node = node
+        self.step = step
+        self.lg_steps = lg_steps
+        self.ns = ns
+        self.deps = deps
+        self.actions: list[str] = []
+        self.children: list[Any] = []  # loop states of subgraphs it ran (``output_provenance()``)
+        self.internal = internal
+        self.calls = 0  # model/tool calls seen, recorded or not
+        self.started: datetime = utcnow()
+        self.pushed: list[Task] = []  # functional-API tasks this task started (``@task`` calls)
+        self.pusher: Task | None = None
+        self.received: set[Task] = set()  # those of them whose result it has read
+
+
+def seen(t: Task) -> frozenset[str]:
+    """What a task's next action starts from: its inputs, its own actions, the results it read."""
+    deps = t.deps | frozenset(t.actions)
+    return deps.union(*(result(r) for r in t.received)) if t.received else deps
+
+
+def result(t: Task) -> frozenset[str]:
+    """What a ``@task`` (or an entrypoint) hands back: its own actions, the results it read and
+    the output of graphs it ran; its inputs when none of these could be recorded."""
+    out = frozenset(t.actions).union(*(result(r) for r in t.received),
+                                     *(c.output_provenance() for c in t.children))
+    return t.deps if not out and (t.calls or t.children) else out
+
+
+def task_output(t: Task) -> frozenset[str] | None:
+    """What a finished task's writes carry; None when it recorded nothing and must be recorded as
+    an env step first (then its own action is the answer)."""
+    if t.internal:
+        return t.deps
+    if t.pushed:
+        return result(t)  # an entrypoint: the results it read and its own model calls
+    if t.children:
+        out = EMPTY.union(*(c.output_provenance() for c in t.children))
+        if out or not t.actions:
+            return out or t.deps
+    if not t.actions and t.calls:
+        return t.deps  # its calls could not be recorded (counted): pass the inputs on
+    if not t.actions:
+        return None
+    return frozenset(t.actions)
+
+
+def inputs(prov: Mapping[str, frozenset[str]], channels: Iterable[str]) -> frozenset[str]:
+    """Provenance of what a task reads: the union over the channels it reads or is triggered by."""
+    return EMPTY.union(*(prov.get(c, EMPTY) for c in channels))
+
+
+def apply_writes(prov: dict[str, frozenset[str]], writes: Iterable[tuple[frozenset[str], Iterable[str]]],
+                 accumulates: Callable[[str], bool]) -> None:
+    """Update ``prov`` in place with one step's writes: ``(writer provenance, channels written)``
+    per task, in task order."""
+    written: set[str] = set()
+    for out, channels in writes:
+        for ch in channels:
+            if ch in written or accumulates(ch):
+                prov[ch] = prov.get(ch, EMPTY) | out
+            else:
+                prov[ch] = out
+            written.add(ch)
+
+
+def drop_cleared(prov: dict[str, frozenset[str]], available: Callable[[str], bool]) -> None:
+    for ch in [ch for ch in prov if not available(ch)]:
+        del prov[ch]
+
+
+def restore(prov_then: Mapping[str, frozenset[str]], versions_then: Mapping[str, Any],
+            versions_now: Mapping[str, Any], accumulates: Callable[[str], bool]) -> dict[str, frozenset[str]]:
+    """The provenance a later run on a checkpointed thread starts from (see the module docstring)."""
+    return {ch: p for ch, p in prov_then.items()
+            if versions_now.get(ch) == versions_then.get(ch) or accumulates(ch)}
+
+
+def public_deps(tasks: Iterable[Task], task: Task) -> frozenset[str]:
+    """Dependencies without channel provenance (public tier only): every action of the run's tasks
+    at an earlier step, and the task's own. An extra edge beats a lost one."""
+    step = task.step
+    out = set(task.actions)
+    for t in tasks:
+        if t is not task and (step is None or t.step is None or t.step < step):
+            out.update(t.actions)
+    return frozenset(out)

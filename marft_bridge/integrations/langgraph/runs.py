@@ -1,0 +1,298 @@
+"""Captured runs and their tasks, shared by both tiers; how other integrations find the running task.
+
+A ``_Run`` is one captured graph invocation: its recorder, its tasks (``TASKS``, by LangGraph task
+id, filled by the precision tier from the Pregel loop, or by the public tier from run metadata),
+and the recording order its ``depends_on`` lists keep. Runs that join one episode share a
+``_Scope`` (recording order, checkpointed threads' provenance). No LangGraph import here.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import threading
+import weakref
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from ... import recording
+from ...recording import EpisodeRecorder, guarded
+from .provenance import EMPTY, Task, public_deps, seen
+
+# Write channels of LangGraph's own (the functional API's task result and error).
+ERROR, RETURN = "__error__", "__return__"
+_ENV_OUTPUT_CHARS = 4000
+# Episode metadata key: where the dependency graph came from.
+DEPENDENCY_SOURCE = "dependency_source"
+CHANNELS, PUBLIC = "langgraph_channels", "langgraph_run_metadata"
+
+# Tasks of captured runs by LangGraph task id. Ids are unique per checkpoint, namespace and step,
+# so one index serves every run.
+TASKS: dict[str, Task] = {}
+# What runs that join an episode share, by episode. Weak keys: it goes with its recorder.
+_SCOPES: weakref.WeakKeyDictionary[EpisodeRecorder, _Scope] = weakref.WeakKeyDictionary()
+_SCOPES_LOCK = threading.Lock()
+# The run an instrumented call started (public tier: runs are found through it, not the loop).
+RUN: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("marft_langgraph_run", default=None)
+
+
+class _Scope:
+    """What the runs that join one episode share: recording order (depends_on lists stay in it
+    across runs) and each checkpointed thread's history, by (thread_id, checkpoint_ns)."""
+
+    __slots__ = ("lock", "order", "threads")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.order: dict[str, int] = {}
+        self.threads: dict[tuple[str, str], Any] = {}
+
+
+def scope(rec: EpisodeRecorder) -> _Scope:
+    with _SCOPES_LOCK:
+        s = _SCOPES.get(rec)
+        if s is None:
+            s = _SCOPES[rec] = _Scope()
+        return s
+
+
+class _Run:
+    """One captured graph run: where its actions go and the tasks it has seen."""
+
+    def __init__(self, handler: CaptureHandler, recorder: EpisodeRecorder, owned: bool, task_input: Any = None):
+        self.handler = handler
+        self.recorder = recorder
+        self.owned = owned
+        self.input = task_input
+        self.base: int | None = None
+        # A run that owns its episode shares it with no other run: it needs no scope.
+        self.scope = None if owned else scope(recorder)
+        self.lock = self.scope.lock if self.scope else threading.Lock()
+        self.order: dict[str, int] = self.scope.order if self.scope else {}
+        self.task_ids: list[str] = []
+        self.public: dict[str, Task] = {}  # public tier: tasks by checkpoint namespace
+        # Tool calls the run's model calls asked for: tool_call_id -> (action id, agent).
+        self.tool_calls: dict[str, tuple[str, str]] = {}
+        self.finished = False
+
+    def sorted_ids(self, ids: Any) -> list[str]:
+        if len(ids) < 2:
+            return list(ids)
+        return sorted(ids, key=lambda i: self.order.get(i, 1 << 60))  # recording order
+
+    def record(self, task: Task, kind: str, fields: dict[str, Any], deps: Any, started: datetime | None,
+               agent: str | None = None) -> str:
+        meta = {"langgraph_node": task.node, "langgraph_steps": task.lg_steps, "langgraph_checkpoint_ns": task.ns}
+        extra = fields.pop("metadata", None)
+        if extra:
+            meta.update(extra)
+        fields["metadata"] = meta
+        aid = self.recorder.record_action(
+            agent or task.agent, kind=kind, step=task.step, depends_on=self.sorted_ids(deps) if deps else (),
+            started_at=started, validate=False, **fields,
+        )
+        with self.lock:
+            self.order[aid] = len(self.order)
+            task.actions.append(aid)
+        return aid
+
+    def deps_of(self, task: Task) -> frozenset[str]:
+        """What the task's next action depends on (under the run's lock)."""
+        if task.id in self.public:
+            return public_deps(self.public.values(), task)
+        return seen(task)
+
+    def finish(self, output: Any = None, error: BaseException | None = None, closed_early: bool = False) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        # Reference cycles (run <-> handler, task <-> subgraph state, caller <-> @task) are cut
+        # here: left to the cyclic GC, each run's garbage would cost a collection every few runs.
+        h, self.handler = self.handler, None
+        for tid in self.task_ids:
+            t = TASKS.pop(tid, None)
+            if t is not None:
+                t.children, t.pushed, t.received, t.pusher = [], [], set(), None
+        self.public.clear()
+        for fn in _RUN_FINISHED:
+            fn(self)
+        rec = self.recorder
+        rec.metadata.setdefault(DEPENDENCY_SOURCE, h.dependency_source())
+        if h.reward_fn is not None and error is None:
+            with guarded("langgraph.reward_fn", rec):
+                rec.reward(float(h.reward_fn(self.input, output)), source="reward_fn")
+        if closed_early:
+            rec.metadata["stream_closed_early"] = True
+        if self.owned:
+            rec.finish("failed" if error is not None else "completed",
+                       f"{type(error).__name__}: {error}" if error is not None else None)
+        if h.on_finish is not None:
+            h.on_finish(rec)
+
+
+# Called with each finished run (the callback handler forgets its calls in flight).
+_RUN_FINISHED: list[Callable[[_Run], None]] = []
+
+
+class CaptureHandler:
+    """The settings and runs of one ``instrument``-ed call (``run`` set) or one ``capture()`` block."""
+
+    def __init__(self, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
+                 source: str = "langgraph", on_finish: Callable[[EpisodeRecorder], None] | None = None,
+                 registry: Any = None):
+        self.store = store
+        self.reward_fn = reward_fn
+        self.source = source
+        self.on_finish = on_finish
+        self.registry = registry  # the adapter registry of the episodes it opens (``recorder.registry``)
+        self.run: _Run | None = None
+        self.precise = False  # set by the precision tier when it attaches to a loop of this handler
+
+    def dependency_source(self) -> str:
+        return CHANNELS if self.precise else PUBLIC
+
+    def new_run(self, task_input: Any) -> _Run:
+        """A run for one graph invocation; ``task_input`` is the raw input (stored JSON-safe)."""
+        rec = recording.current_episode()
+        owned = rec is None
+        if owned:
+            rec = EpisodeRecorder(self.store, task=task_input, source=self.source, registry=self.registry)
+        else:
+            rec.set_task(task_input)
+            if rec.registry is None and self.registry is not None:
+                rec.registry = self.registry
+        return _Run(self, rec, owned, task_input)
+
+
+def task_id(ns: str | None) -> str | None:
+    if not ns:
+        return None
+    return ns.rsplit("|", 1)[-1].rpartition(":")[2] or None
+
+
+def find_task(meta: dict[str, Any]) -> Task | None:
+    """The captured task a LangChain run (model or tool call) with this metadata runs in."""
+    ns = meta.get("langgraph_checkpoint_ns")
+    t = TASKS.get(task_id(ns)) if TASKS and ns else None
+    if t is not None:
+        return t
+    run = RUN.get()
+    if run is None or run.finished or run.handler is None or run.handler.precise or ns is None:
+        return None
+    return _public_task(run, ns, meta)
+
+
+def _public_task(run: _Run, ns: str, meta: dict[str, Any]) -> Task:
+    """Public tier: a task known only from its run metadata (agent = node path, step = superstep)."""
+    with run.lock:
+        t = run.public.get(ns)
+        if t is not None:
+            return t
+        names = [seg.partition(":")[0] for seg in ns.split("|")]
+        names[-1] = str(meta.get("agent_name") or meta.get("langgraph_node") or names[-1])
+        if run.base is None:
+            run.base = run.recorder.max_step() or 0
+        root = run.public.get(ns.split("|", 1)[0]) if len(names) > 1 else None
+        lg_step = meta.get("langgraph_step")
+        step = root.step if root is not None else (run.base + lg_step if isinstance(lg_step, int) else None)
+        t = Task(ns, run, "/".join(names), str(meta.get("langgraph_node") or names[-1]), step,
+                 [lg_step] if isinstance(lg_step, int) else [], ns, EMPTY)
+        run.public[ns] = t
+        return t
+
+
+def record_env(t: Task, writes: Any) -> None:
+    """A task that called no model: an environment step, recorded (not trained)."""
+    err = next((str(v) for c, v in writes if c == ERROR), None)
+    returned = [v for c, v in writes if c == RETURN]
+    if returned:  # a functional-API task: its output is its result
+        out_text = returned[0] if isinstance(returned[0], str) else json.dumps(returned[0], default=str)
+    else:
+        out = {c: v for c, v in writes if not c.startswith(("__", "branch:"))}
+        out_text = json.dumps(out, default=str) if out else ""
+    t.run.record(t, "env", {"output": {"text": out_text[:_ENV_OUTPUT_CHARS]}, "error": err}, t.deps, t.started)
+
+
+# -- what other integrations see: the running task ------------------------------------------------
+
+
+def current_task() -> Task | None:
+    if not TASKS and RUN.get() is None:
+        return None
+    from langchain_core.runnables.config import var_child_runnable_config
+
+    cfg = var_child_runnable_config.get()
+    if not cfg:
+        return None
+    t = find_task(cfg.get("metadata") or {})
+    return t if t is not None and not t.run.finished else None
+
+
+def _current_recorder() -> EpisodeRecorder | None:
+    t = current_task()
+    return t.run.recorder if t is not None else None
+
+
+def in_captured_task() -> bool:
+    return current_task() is not None
+
+
+def record_in_current_task(fields: dict[str, Any], started: datetime | None = None, kind: str = "llm") -> bool:
+    """Record an action made inside a captured node as that node's agent (False when not in one).
+
+    For other integrations: a direct ``openai`` call (``kind="llm"``), an MCP tool call
+    (``kind="tool"``), ... ``fields`` are ``record_action`` keyword arguments (observation,
+    output, sampling, policy, token_source, error, metadata, action_id). The action gets the
+    node's step and depends on the node's inputs and on its earlier actions.
+    """
+    t = current_task()
+    if t is None:
+        return False
+    with t.run.lock:
+        deps = t.run.deps_of(t)
+        t.calls += 1
+    t.run.record(t, kind, dict(fields), deps, started)
+    return True
+
+
+class _TaskHandle:
+    """The running task as ``recording.FrameworkTask``: what a protocol call step made in it needs."""
+
+    __slots__ = ("_t",)
+
+    def __init__(self, t: Task):
+        self._t = t
+
+    @property
+    def agent(self) -> str:
+        return self._t.agent
+
+    @property
+    def step(self) -> int | None:
+        return self._t.step
+
+    @property
+    def recorder(self) -> EpisodeRecorder:
+        return self._t.run.recorder
+
+    @property
+    def finished(self) -> bool:
+        return self._t.run.finished
+
+    def depends_on(self) -> list[str]:
+        run = self._t.run
+        with run.lock:
+            return run.sorted_ids(run.deps_of(self._t))
+
+    def record(self, kind: str, fields: dict[str, Any], depends_on: Any, started: datetime | None = None) -> str:
+        return self._t.run.record(self._t, kind, dict(fields), frozenset(depends_on), started)
+
+
+def _current_handle() -> _TaskHandle | None:
+    t = current_task()
+    return _TaskHandle(t) if t is not None else None
+
+
+recording.register_episode_finder(_current_recorder)
+recording.register_task_context(in_captured_task, record_in_current_task, _current_handle)

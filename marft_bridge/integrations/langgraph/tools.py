@@ -1,0 +1,145 @@
+"""Tool steps: every LangChain tool execution in a captured task is a ``kind="tool"`` action.
+
+Same record shape as the MCP tool steps (``integrations.mcp``): ``observation.messages`` holds the
+assistant tool call (``{"id", "type": "function", "function": {"name", "arguments"}}``),
+``output.text`` the result (a ToolMessage's content; anything that is not a string as JSON),
+``error`` what the tool raised, ``metadata``: ``tool.name``, ``tool.arguments``, ``tool_call_id``,
+``latency_s``, and for a handoff (a tool returning ``Command(goto=..., graph=Command.PARENT)``)
+``handoff.goto`` / ``handoff.graph``.
+
+The step is an action of the agent whose model call asked for it (matched by ``tool_call_id``,
+else by name and arguments; a tool called by hand in a node: the node's agent), depends on that
+model call and on what the task had seen, and is one of the running task's actions, so the task's
+writes (the ToolMessage) carry it to the agent's next model call. A tool interrupted by
+``interrupt()`` (a ``GraphBubbleUp``) runs again on resume and is recorded then.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+from uuid import UUID
+
+from ...recording import capture_error
+from . import convert
+from .provenance import Task
+
+_PARENT = "__parent__"  # langgraph.types.Command.PARENT
+
+
+class _ToolRun:
+    __slots__ = ("task", "name", "args", "call_id", "owner", "deps", "started", "t0")
+
+    def __init__(self, task: Task, name: str, args: Any, call_id: str | None, owner: tuple | None,
+                 deps: frozenset[str]):
+        from ...schema import utcnow
+
+        self.task, self.name, self.args, self.call_id, self.owner, self.deps = task, name, args, call_id, owner, deps
+        self.started, self.t0 = utcnow(), time.perf_counter()
+
+
+_TOOLS: dict[UUID, _ToolRun] = {}
+_LOCK = threading.Lock()
+
+
+def note_calls(run: Any, action_id: str, agent: str, calls: list[dict] | None) -> None:
+    """Remember which model call asked for which tool calls (``tool_call_id`` -> owner)."""
+    for c in calls or ():
+        fn = c.get("function") or {}
+        key = c.get("id") or f"{fn.get('name')}\x00{_canonical(fn.get('arguments'))}"
+        with run.lock:
+            run.tool_calls[key] = (action_id, agent)
+
+
+def _canonical(args: Any) -> str:
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return args
+    return json.dumps(args, sort_keys=True, default=str)
+
+
+def _owner(run: Any, name: str, args: Any, call_id: str | None) -> tuple | None:
+    with run.lock:
+        if call_id is not None and call_id in run.tool_calls:
+            return run.tool_calls[call_id]
+        return run.tool_calls.get(f"{name}\x00{_canonical(args)}")
+
+
+def start(task: Task, run_id: UUID, name: str, args: Any, call_id: str | None) -> None:
+    run = task.run
+    args = convert.jsonable(args) if not isinstance(args, str) else args
+    owner = _owner(run, name, args, call_id)
+    with run.lock:
+        deps = run.deps_of(task)
+        task.calls += 1
+    if owner is not None:
+        deps = deps | {owner[0]}
+    with _LOCK:
+        _TOOLS[run_id] = _ToolRun(task, name, args, call_id, owner, deps)
+
+
+def _result(output: Any, call_id: str | None) -> tuple[str, dict[str, Any]]:
+    """The result text and handoff metadata of what a tool returned (a ToolMessage, a Command, a value)."""
+    extra: dict[str, Any] = {}
+    goto = getattr(output, "goto", None)
+    if hasattr(output, "update") and hasattr(output, "graph") and goto is not None:  # a langgraph Command
+        extra["handoff.goto"] = convert.jsonable(goto if isinstance(goto, (str, list)) else getattr(goto, "node", goto))
+        extra["handoff.graph"] = "parent" if output.graph == _PARENT else (output.graph or "current")
+        update = output.update
+        msgs = update.get("messages") if isinstance(update, dict) else None
+        msgs = msgs if isinstance(msgs, list) else []
+        tool_msgs = [m for m in msgs if getattr(m, "type", None) == "tool"]
+        match = next((m for m in tool_msgs if getattr(m, "tool_call_id", None) == call_id), None)
+        match = match or (tool_msgs[-1] if tool_msgs else None)
+        return (convert.result_text(match.content) if match is not None else ""), extra
+    if getattr(output, "type", None) == "tool" and hasattr(output, "content"):  # a ToolMessage
+        if getattr(output, "status", "success") == "error":
+            extra["tool.status"] = "error"
+        return convert.result_text(output.content), extra
+    return convert.result_text(convert.jsonable(output)), extra
+
+
+def end(run_id: UUID, output: Any = None, error: BaseException | None = None) -> None:
+    if not _TOOLS:
+        return
+    with _LOCK:
+        tr = _TOOLS.pop(run_id, None)
+    if tr is None:
+        return
+    run = tr.task.run
+    try:
+        if run.finished:
+            return
+        if error is not None and _bubbles(error):
+            return  # interrupt(): the tool runs again on resume
+        text, extra = ("", {}) if error is not None else _result(output, tr.call_id)
+        args_json = convert.arguments_json(tr.args)
+        call = {"id": tr.call_id, "type": "function", "function": {"name": tr.name, "arguments": args_json}}
+        meta = {"tool.name": tr.name, "tool.arguments": tr.args, "tool_call_id": tr.call_id,
+                "latency_s": time.perf_counter() - tr.t0, **extra}
+        fields = {"observation": {"messages": [{"role": "assistant", "content": None, "tool_calls": [call]}]},
+                  "output": {"text": text}, "metadata": meta,
+                  "error": f"{type(error).__name__}: {error}" if error is not None else None}
+        agent = tr.owner[1] if tr.owner is not None else None
+        run.record(tr.task, "tool", fields, tr.deps, tr.started, agent=agent)
+    except Exception as e:  # noqa: BLE001 - capture must not break the app
+        capture_error("langgraph.tool_end", e, run.recorder)
+
+
+def _bubbles(error: BaseException) -> bool:
+    try:
+        from langgraph.errors import GraphBubbleUp
+    except ImportError:
+        return False
+    return isinstance(error, GraphBubbleUp)
+
+
+def forget(run: Any) -> None:
+    if _TOOLS:
+        with _LOCK:
+            for rid in [rid for rid, tr in _TOOLS.items() if tr.task.run is run]:
+                _TOOLS.pop(rid, None)
