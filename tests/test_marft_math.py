@@ -1,4 +1,5 @@
-"""Hand-computed numbers for GAE (action and token level), the factor M, the losses and the decoupled weights."""
+"""Hand-computed numbers for GAE on chains (action and token level), the losses, the KL estimators and
+the decoupled weights. GAE along D: tests/test_marft_gae.py; the factor M: tests/test_marft_factor.py."""
 
 from __future__ import annotations
 
@@ -8,41 +9,32 @@ import pytest
 import torch
 
 from marft_bridge.trainers import losses as L
-from marft_bridge.trainers.advantages import action_level_steps, gae, token_level_steps
+from marft_bridge.trainers.advantages import gae_along_d, successors
 
 
 def t(*xs):
     return torch.tensor(xs, dtype=torch.float64)
 
 
-def test_gae_action_level_by_hand():
-    # Episode 1: two actions, team reward 1 on the last; episode 2: one action, reward 2.
-    r, g, d = action_level_steps([0.0, 1.0, 2.0], [False, True, True], gamma=0.9)
-    adv, ret = gae(r, t(0.5, 0.2, 1.0), g, d, lam=0.8)
+def test_gae_chain_by_hand():
+    # Episode 0: two actions recorded without D (taken as a chain), team reward 1 on the last;
+    # episode 1: one action, reward 2.
+    succ = successors([[], [], []], [0, 0, 1])
+    assert succ == [[1], [], []]
+    adv, ret = gae_along_d([0.0, 1.0, 2.0], [t(0.5), t(0.2), t(1.0)], succ, gamma=0.9, lam=0.8)
     # A1 = 1 - 0.2 = 0.8 ; A0 = (0 + 0.9*0.2 - 0.5) + 0.9*0.8*0.8 = -0.32 + 0.576 = 0.256 ; A2 = 2 - 1 = 1
-    assert adv.tolist() == pytest.approx([0.256, 0.8, 1.0], abs=1e-12)
-    assert ret.tolist() == pytest.approx([0.756, 1.0, 2.0], abs=1e-12)
+    assert torch.cat(adv).tolist() == pytest.approx([0.256, 0.8, 1.0], abs=1e-12)
+    assert torch.cat(ret).tolist() == pytest.approx([0.756, 1.0, 2.0], abs=1e-12)
 
 
-def test_gae_token_level_by_hand():
+def test_gae_token_level_chain_by_hand():
     # Action 1 has two tokens, action 2 one token with reward 1; gamma per hop 0.9, 1.0 inside an action.
-    r, g, d = token_level_steps([0.0, 1.0], [2, 1], [False, True], gamma=0.9, token_gamma=1.0)
-    assert r.tolist() == [0.0, 0.0, 1.0]
-    assert g.tolist() == pytest.approx([1.0, 0.9, 0.9])
-    assert d.tolist() == [0.0, 0.0, 1.0]
-    adv, ret = gae(r, t(0.5, 0.4, 0.2), g, d, lam=0.8)
+    succ = successors([[], [0]], [0, 0])
+    adv, ret = gae_along_d([0.0, 1.0], [t(0.5, 0.4), t(0.2)], succ, gamma=0.9, lam=0.8, token_gamma=1.0,
+                           token_lambda=0.8)
     # A2 = 0.8 ; A1 = (0.9*0.2 - 0.4) + 0.9*0.8*0.8 = 0.356 ; A0 = (1.0*0.4 - 0.5) + 1.0*0.8*0.356 = 0.1848
-    assert adv.tolist() == pytest.approx([0.1848, 0.356, 0.8], abs=1e-12)
-    assert ret.tolist() == pytest.approx([0.6848, 0.756, 1.0], abs=1e-12)
-
-
-def test_factor_m_folds_ratios_per_episode_step():
-    keys = [(0, 1), (0, 1), (1, 1)]
-    m = L.fold_factor({(0, 1): 2.0}, keys, t(-1.0, -2.0, -0.5), t(-1.2, -1.9, -0.5))
-    # (0,1): 2 * e^{0.2} * e^{-0.1} = 2 e^{0.1} ; (1,1): e^0 = 1
-    assert m[(0, 1)] == pytest.approx(2 * math.exp(0.1), rel=1e-12)
-    assert m[(1, 1)] == pytest.approx(1.0, rel=1e-12)
-    assert set(m) == {(0, 1), (1, 1)}
+    assert torch.cat(adv).tolist() == pytest.approx([0.1848, 0.356, 0.8], abs=1e-12)
+    assert torch.cat(ret).tolist() == pytest.approx([0.6848, 0.756, 1.0], abs=1e-12)
 
 
 def test_clipped_surrogate_by_hand():
@@ -66,13 +58,36 @@ def test_clipped_huber_value_loss_by_hand():
     assert loss.item() == pytest.approx((0.8 + 2.5) / 2, abs=1e-12)
 
 
-def test_kl_k3_and_entropy_by_hand():
-    assert L.kl_to_reference(t(-1.0), t(-1.5)).item() == pytest.approx(math.exp(-0.5) + 0.5 - 1, abs=1e-12)
-    assert L.kl_to_reference(t(-2.0), t(-2.0)).item() == 0.0
+def test_kl_estimators_and_entropy_by_hand():
+    assert L.kl_k3(t(-1.0), t(-1.5)).item() == pytest.approx(math.exp(-0.5) + 0.5 - 1, abs=1e-12)
+    assert L.kl_k3(t(-2.0), t(-2.0)).item() == 0.0
+    assert L.kl_k2(t(-1.0), t(-1.5)).item() == pytest.approx(0.5 * 0.25, abs=1e-12)
+    # approx_kl = (r - 1) - log r with r = exp(new - prox) = e^0.5
+    assert L.approx_kl(t(-1.0), t(-1.5)).item() == pytest.approx(math.exp(0.5) - 1 - 0.5, abs=1e-12)
     uniform = torch.log_softmax(torch.zeros(1, 4), -1)
     assert L.entropy(uniform).item() == pytest.approx(math.log(4), abs=1e-6)
     # p = (1/2, 1/4, 1/4): H = 1/2 ln 2 + 2 * 1/4 ln 4 = 1.5 ln 2
     assert L.entropy(t(0.5, 0.25, 0.25).log()).item() == pytest.approx(1.5 * math.log(2), abs=1e-12)
+
+
+def test_k2_loss_gradient_is_the_gradient_of_kl_pi_ref():
+    """On tokens sampled from pi, E[grad k2] = grad KL(pi || ref) exactly; k3's is grad KL(ref || pi)."""
+    theta = torch.tensor([0.3, -0.2, 0.9, 0.0], dtype=torch.float64, requires_grad=True)
+    ref = torch.log_softmax(torch.tensor([0.0, 0.5, -0.4, 0.2], dtype=torch.float64), -1)
+
+    def expected_grad(estimator):
+        logp = torch.log_softmax(theta, -1)
+        loss = (logp.exp().detach() * estimator(logp, ref)).sum()  # E_{y ~ pi} over the whole vocabulary
+        return torch.autograd.grad(loss, theta)[0]
+
+    logp = torch.log_softmax(theta, -1)
+    kl_pi_ref = (logp.exp() * (logp - ref)).sum()
+    kl_ref_pi = (ref.exp() * (ref - logp)).sum()
+    g_forward = torch.autograd.grad(kl_pi_ref, theta, retain_graph=True)[0]
+    g_reverse = torch.autograd.grad(kl_ref_pi, theta)[0]
+    assert torch.allclose(expected_grad(L.kl_k2), g_forward, atol=1e-12)
+    assert torch.allclose(expected_grad(L.kl_k3), g_reverse, atol=1e-12)
+    assert not torch.allclose(g_forward, g_reverse, atol=1e-3)
 
 
 def test_normalize_zero_mean_unit_std():

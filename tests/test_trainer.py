@@ -257,7 +257,7 @@ def test_dependency_order_and_bad_input(model_dir):
                       agents=["b", "a"])
     eps = env(RolloutPolicy(tr), 8, 6)
     eps.append(Episode(actions=[eps[0].actions[0].model_copy(update={"id": "x"})]))  # no reward
-    ghost = eps[1].actions[0].model_copy(update={"id": "g", "agent": "ghost"})
+    ghost = eps[1].actions[0].model_copy(update={"id": "g", "agent": "ghost", "policy": None})  # no served adapter
     eps.append(Episode(actions=[ghost], rewards=[Reward(value=1.0)]))
     m = tr.train_on(eps)
     assert m["agent_order"] == ["a", "b"]  # a acts first in D
@@ -305,6 +305,9 @@ def test_cli_train_and_plot(model_dir, tmp_path):
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["update"] for r in rows] == [1, 2, 3]  # 24 episodes / 8 per update
     assert (out / "checkpoint/state.json").exists()
+    saved = MarftConfig.from_yaml(out / "config.yaml")  # the effective config, beside metrics.jsonl
+    assert (saved.ppo_epochs, saved.batch_episodes, saved.factor_scope, saved.agent_order) == (1, 8, "ancestors",
+                                                                                              "dependency")
     rc = main(["train", "--episodes", str(jsonl), "--base-model", str(model_dir), "--config", str(cfg),
                "--out", str(out), "--iterations", "1", "--resume", "--no-progress"])
     assert rc == 0 and [r["update"] for r in read_metrics(out / "metrics.jsonl")][-1] == 4
@@ -314,16 +317,17 @@ def test_cli_train_and_plot(model_dir, tmp_path):
                  "--out", str(out)]) == 1
 
 
-@pytest.mark.parametrize("scope", ["episode", "step"])
+@pytest.mark.parametrize("scope", ["ancestors", "episode", "step", "none"])
 def test_factor_m_in_the_update(model_dir, scope):
-    """M after an update = product over the already-updated agents' actions of exp(new - proximal)."""
+    """b's M = exp(new - proximal) of a's action in its episode (ancestors, episode); 1 under step
+    (a at step 0, b at step 1 never share a step) and none; a, updated first, always has M = 1."""
     env = make_env()
-    cfg = MarftConfig(**{**FAST, "factor_scope": scope, "agent_order": "dependency"})
-    tr = MarftTrainer(cfg, model_dir, agents=["a", "b"])
+    cfg = MarftConfig(**{**FAST, "factor_scope": scope, "factor_clip": None})
+    tr = MarftTrainer(cfg, model_dir, agents=["b", "a"])
     eps = env(RolloutPolicy(tr), 8, 13)
     prox = [a.output.logprobs[0] for e in eps for a in e.actions if a.agent == "a"]  # sampled = proximal
     m = tr.train_on(eps)
-    assert m["agent_order"] == ["a", "b"]
+    assert m["agent_order"] == ["a", "b"]  # dependency order (the default), whatever the agents' order
     # a's updated log-prob of its one token, straight from the peft model's logits (T = 1).
     tr.policy.model.set_adapter("agent_a")
     new = []
@@ -332,19 +336,23 @@ def test_factor_m_in_the_update(model_dir, scope):
             obs, tok = e.actions[0].observation.prompt_token_ids, e.actions[0].output.token_ids[0]
             logits = tr.policy.model(torch.tensor([obs + [tok]])).logits[0, len(obs) - 1].float()
             new.append(float(torch.log_softmax(logits, -1)[tok]))
-    if scope == "step":  # a (step 0) and b (step 1) never share a step: M only ever holds a's keys
-        assert set(tr.last_factor) == {(i, 0) for i in range(8)}
-    expect = {i: math.exp(n - p) for i, (n, p) in enumerate(zip(new, prox))}
-    got = {k[0]: v for k, v in tr.last_factor.items()}
-    assert got == pytest.approx(expect, rel=1e-4)
-    assert any(abs(v - 1) > 1e-3 for v in got.values())
+    got_a, got_b = tr.last_factor[0::2], tr.last_factor[1::2]  # samples: (a, b) per episode
+    assert got_a == [1.0] * 8
+    if scope in ("ancestors", "episode"):
+        assert got_b == pytest.approx([math.exp(n - p) for n, p in zip(new, prox)], rel=1e-4)
+        assert any(abs(v - 1) > 1e-3 for v in got_b)
+        assert m["factor_samples"] == 8 and m["factor_clipfrac"] == 0.0
+        assert m["factor_min"] == pytest.approx(min(got_b)) and m["factor_max"] == pytest.approx(max(got_b))
+    else:
+        assert got_b == [1.0] * 8 and m["factor_samples"] == 0
 
 
 def test_shared_adapter_parameter_sharing(model_dir, tmp_path):
     tr = MarftTrainer(MarftConfig(**{**FAST, "shared_adapter": True}), model_dir, agents=["a", "b"])
     assert tr.policy.adapters == ["shared"]
     m = tr.train_on(make_env()(RolloutPolicy(tr), 16, 17))
-    assert m["agent_order"] in (["a", "b"], ["b", "a"])  # still sequential per agent, one set of weights
+    assert m["agent_order"] == ["shared"]  # one group, M = 1: no re-update against stale proximal log-probs
+    assert m["factor_samples"] == 0 and tr.last_factor == [1.0] * m["samples"]
     out = tr.save_adapters(tmp_path / "ad")
     f = "adapter_model.safetensors"
     assert (out / "a" / f).read_bytes() == (out / "b" / f).read_bytes()

@@ -1,14 +1,26 @@
-"""Generalised advantage estimation for MARFT-A (one step per action) and MARFT-T (one step per token).
+"""Generalised advantage estimation by backward induction over the dependency graph D.
 
-Both use the same recursion over a flat sequence of steps; only the per-step discount differs:
+Each trainable action k bootstraps from its successors in D (``successors``: the samples that
+list k among their ``Sample.parents``), not from the next action of a flattened order, so parallel
+branches never bootstrap from a sibling. With several successors (fan-out) the bootstrap is the
+mean of theirs; an action without successors bootstraps from 0 (the episode's terminal action,
+or a branch nothing read). Per action k with successors C_k (1/|C_k| sum; 0 when C_k is empty):
 
-    delta_t = r_t + g_t * V_{t+1} * (1 - done_t) - V_t
-    A_t     = delta_t + g_t * lambda * (1 - done_t) * A_{t+1}
+    MARFT-A (one step per action, V_k the value at k's observation):
+        delta_k = r_k + gamma * mean_{c in C_k} V_c - V_k
+        A_k     = delta_k + gamma * lambda * mean_{c in C_k} A_c
 
-MARFT-A: the steps are an episode's actions in topological order, g_t = gamma (per hop).
-MARFT-T: the steps are the tokens of those actions, g_t = token_gamma inside an action and gamma on
-the hop from an action's last token to the next action's first token; the reward sits on the
-action's last token. The value of the step after an episode's last one is 0 (done_t = 1).
+    MARFT-T (one step per token t = 0..L_k-1 of action k; V_{k,0} is the observation's value,
+    the reward sits on the last token):
+        last token:  delta = r_k + gamma * mean_c V_{c,0} - V_{k,L-1}
+                     A_{k,L-1} = delta + gamma * lambda * mean_c A_{c,0}
+        inside:      delta = token_gamma * V_{k,t+1} - V_{k,t}
+                     A_{k,t} = delta + token_gamma * token_lambda * A_{k,t+1}
+
+Returns are A + V. ``gae_lambda`` applies between actions, ``token_lambda`` (default 1: the whole
+return signal reaches the first token, as in value-based LLM PPO, VC-PPO/VAPO) inside an action.
+Untrained actions (tools, env steps) are not samples: batch.py moves their rewards onto the
+trainable action they depend on, and ``Sample.parents`` skips over them.
 """
 
 from __future__ import annotations
@@ -16,35 +28,45 @@ from __future__ import annotations
 import torch
 
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, discounts: torch.Tensor, dones: torch.Tensor, lam: float):
-    """Advantages and returns (A + V) for a flat 1-D sequence of steps; pure function."""
-    n = rewards.shape[0]
-    adv = torch.zeros_like(values)
-    last = torch.zeros((), dtype=values.dtype)
-    for t in range(n - 1, -1, -1):
-        nonterminal = 1.0 - dones[t]
-        next_value = values[t + 1] if t + 1 < n else torch.zeros((), dtype=values.dtype)
-        delta = rewards[t] + discounts[t] * next_value * nonterminal - values[t]
-        last = delta + discounts[t] * lam * nonterminal * last
-        adv[t] = last
-    return adv, adv + values
+def successors(parents: list[list[int]], episodes: list[int]) -> list[list[int]]:
+    """Per sample: the samples that depend on it in D. An episode whose trainable actions record no
+    dependency at all (a capture without D) is taken as the chain of its topological order."""
+    n = len(parents)
+    out: list[list[int]] = [[] for _ in range(n)]
+    for k, ps in enumerate(parents):
+        for p in ps:
+            out[p].append(k)
+    by_episode: dict[int, list[int]] = {}
+    for k, e in enumerate(episodes):
+        by_episode.setdefault(e, []).append(k)
+    for members in by_episode.values():
+        if not any(parents[k] for k in members):
+            for a, b in zip(members, members[1:]):
+                out[a].append(b)
+    return out
 
 
-def action_level_steps(action_rewards: list[float], episode_ends: list[bool], gamma: float):
-    """(rewards, discounts, dones) tensors for MARFT-A from per-action rewards and end flags."""
-    r = torch.tensor(action_rewards, dtype=torch.float64)
-    g = torch.full_like(r, gamma)
-    d = torch.tensor([float(e) for e in episode_ends], dtype=torch.float64)
-    return r, g, d
+def gae_along_d(rewards: list[float], values: list[torch.Tensor], succ: list[list[int]], gamma: float,
+                lam: float, token_gamma: float = 1.0, token_lambda: float = 1.0):
+    """Advantages and returns, one (L_k,) float64 tensor per sample (L_k = 1 for MARFT-A).
 
-
-def token_level_steps(action_rewards: list[float], action_lengths: list[int], episode_ends: list[bool],
-                      gamma: float, token_gamma: float):
-    """(rewards, discounts, dones) tensors for MARFT-T: each action's reward on its last token."""
-    r, g, d = [], [], []
-    for reward, length, end in zip(action_rewards, action_lengths, episode_ends):
-        r += [0.0] * (length - 1) + [reward]
-        g += [token_gamma] * (length - 1) + [gamma]
-        d += [0.0] * (length - 1) + [float(end)]
-    f = torch.float64
-    return torch.tensor(r, dtype=f), torch.tensor(g, dtype=f), torch.tensor(d, dtype=f)
+    ``values[k]``: (L_k,) values of sample k, ``succ``: from ``successors`` (each successor has a
+    larger index: samples are in topological order). Pure function; see the module docstring."""
+    vals = [v.detach().double().cpu().tolist() for v in values]
+    adv: list[list[float]] = [[] for _ in vals]
+    for k in range(len(vals) - 1, -1, -1):
+        v, cs = vals[k], succ[k]
+        if any(c <= k for c in cs):
+            raise ValueError(f"sample {k}: successor not later in topological order")
+        next_v = sum(vals[c][0] for c in cs) / len(cs) if cs else 0.0
+        next_a = sum(adv[c][0] for c in cs) / len(cs) if cs else 0.0
+        a = [0.0] * len(v)
+        last = rewards[k] + gamma * next_v - v[-1] + gamma * lam * next_a
+        a[-1] = last
+        for t in range(len(v) - 2, -1, -1):
+            last = token_gamma * v[t + 1] - v[t] + token_gamma * token_lambda * last
+            a[t] = last
+        adv[k] = a
+    adv_t = [torch.tensor(a, dtype=torch.float64) for a in adv]
+    ret_t = [a + torch.tensor(v, dtype=torch.float64) for a, v in zip(adv_t, vals)]
+    return adv_t, ret_t

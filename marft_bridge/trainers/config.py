@@ -3,7 +3,8 @@
 Defaults follow the MARFT authors' code (LoRA r=8/alpha=16 on q_proj/v_proj, clip 0.2, entropy
 0.01, gamma 0.99, lambda 0.95, grad-norm 0.5, 5 PPO epochs, 4 minibatches, lr 5e-7, critic lr 5e-4)
 except where the notes say the reference falls short (KL to the reference is used, the approx-KL
-early stop is off unless set, behaviour weights are capped).
+early stop is off unless set, behaviour weights are capped, the sequential trust region weights each
+action by its updated ancestors in D, clipped, and GAE runs along D).
 """
 
 from __future__ import annotations
@@ -19,19 +20,25 @@ class MarftConfig(BaseModel):
 
     # Algorithm.
     mode: Literal["marft_a", "marft_t", "single_agent"] = "marft_a"
-    agent_order: Literal["random", "dependency"] = "random"
-    # Samples that share the factor M: one episode (a joint decision; captured LangGraph traces put
-    # dependent agents in consecutive supersteps, so "step" would rarely link them), or one step.
-    factor_scope: Literal["episode", "step"] = "episode"
-    logprob_reduction: Literal["sum", "mean"] = "sum"  # MARFT-A action log-prob from token log-probs
-    gamma: float = Field(0.99, ge=0, le=1)  # discount per hop between actions
-    gae_lambda: float = Field(0.95, ge=0, le=1)
+    # Sequential trust region (factor.py). Agents are updated in a topological order of D across the
+    # batch (``random``: a fresh seeded permutation per update); each action's advantage is weighted by
+    # M, the product of whole-action ratios pi_new/pi_old (sum log-probs, whatever logprob_reduction)
+    # of its sources already updated: ``ancestors`` its ancestors in D within its round, ``step`` the
+    # other actions of its (episode, step) (HAPPO, parallel agents), ``episode`` every other action of
+    # its episode (trajectory-level variant), ``none`` M = 1 (independent per-agent PPO).
+    agent_order: Literal["dependency", "random"] = "dependency"
+    factor_scope: Literal["ancestors", "step", "episode", "none"] = "ancestors"
+    factor_clip: float | None = Field(0.2, gt=0, lt=1)  # M in [(1-eps)^n, (1+eps)^n], n ratios folded; None: off
+    logprob_reduction: Literal["sum", "mean"] = "sum"  # MARFT-A surrogate's action log-prob (M always sums)
+    gamma: float = Field(0.99, ge=0, le=1)  # discount per hop between actions (along D)
+    gae_lambda: float = Field(0.95, ge=0, le=1)  # GAE lambda between actions (along D)
     token_gamma: float = Field(1.0, ge=0, le=1)  # MARFT-T: discount between tokens of one action
+    token_lambda: float = Field(1.0, ge=0, le=1)  # MARFT-T: GAE lambda between tokens of one action
     clip: float = Field(0.2, gt=0)
     value_clip: float = Field(0.2, gt=0)
     huber_delta: float = Field(10.0, gt=0)
     entropy_coef: float = Field(0.01, ge=0)
-    kl_coef: float = Field(0.01, ge=0)  # beta: KL to the reference (adapter disabled)
+    kl_coef: float = Field(0.01, ge=0)  # beta: k2 KL(pi || ref) to the reference (adapter disabled)
     value_coef: float = Field(1.0, ge=0)
     normalize_advantages: bool = True
     behaviour_weight_cap: float = Field(5.0, gt=0)  # decoupled PPO: cap on exp(proximal - behaviour)
@@ -52,7 +59,10 @@ class MarftConfig(BaseModel):
     lora_alpha: int = Field(16, ge=1)
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"])
-    shared_adapter: bool = False  # parameter sharing: one adapter for every agent
+    # Parameter sharing: one adapter for every agent. MARFT modes then update it once per PPO epoch on
+    # all agents' samples (one group, M = 1): a per-agent sequence would re-update the same weights
+    # against stale proximal log-probs, and M would count the earlier groups' change twice.
+    shared_adapter: bool = False
     critic_backbone: Literal["frozen", "lora"] = "frozen"  # reference: frozen LM + MLP head
     frozen_agents: list[str] = Field(default_factory=list)  # have adapters, never updated
     default_temperature: float = Field(1.0, gt=0)  # when an action recorded no temperature

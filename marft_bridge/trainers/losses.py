@@ -7,7 +7,9 @@ sampled the trace (``beh``) and the reference (``ref``, adapter disabled):
     ratio_s  = exp(new_s - prox_s)
     w_s      = min(exp(prox_s - beh_s), cap)                  decoupled PPO behaviour weight
     L_clip   = -mean_s w_s * min(ratio_s M_s A_s, clip(ratio_s, 1-eps, 1+eps) M_s A_s)
-    M        <- M * exp(new - prox) of the agents already updated in the same episode (or step)
+    L_KL     = mean_tokens 1/2 (new - ref)^2                          k2 estimator of KL(pi || ref)
+
+M (factor.py) is the product of the already-updated ancestors' whole-action ratios.
 """
 
 from __future__ import annotations
@@ -39,15 +41,24 @@ def clipped_value_loss(values, old_values, returns, clip: float, delta: float) -
     return torch.maximum(huber(values - returns, delta), huber(clipped - returns, delta)).mean()
 
 
-def kl_to_reference(new_logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    # k3 estimator of KL(pi || ref) on sampled tokens: exp(ref - new) - (ref - new) - 1  (>= 0, unbiased)
+def kl_k2(new_logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    # k2 = 1/2 (log pi - log ref)^2 per sampled token. Its gradient (log pi - log ref) grad log pi has
+    # expectation grad KL(pi || ref) under tokens sampled from pi (exact on-policy, first order off it);
+    # the k3 estimator's loss gradient would be that of KL(ref || pi) instead.
+    return 0.5 * (new_logp - ref_logp) ** 2
+
+
+def kl_k3(new_logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    # k3 = exp(ref - new) - (ref - new) - 1 >= 0: unbiased *value* of KL(pi || ref) on tokens from pi
+    # (the logged kl_ref; not used as a loss, see kl_k2).
     d = ref_logp - new_logp
     return torch.exp(d) - d - 1.0
 
 
 def approx_kl(new_logp: torch.Tensor, prox_logp: torch.Tensor) -> torch.Tensor:
-    # Same k3 estimator, between the proximal and the new policy (early-stop signal).
-    return kl_to_reference(new_logp, prox_logp).mean()
+    # CleanRL's (r - 1) - log r, r = exp(new - prox): from the same ratio the surrogate and clipfrac use.
+    log_ratio = new_logp - prox_logp
+    return (torch.exp(log_ratio) - 1.0 - log_ratio).mean()
 
 
 def entropy(logp: torch.Tensor) -> torch.Tensor:
@@ -59,12 +70,3 @@ def normalize(adv: torch.Tensor) -> torch.Tensor:
     if adv.numel() < 2:
         return adv
     return (adv - adv.mean()) / (adv.std() + 1e-8)
-
-
-def fold_factor(m: dict, keys: list, new_logp: torch.Tensor, prox_logp: torch.Tensor) -> dict:
-    """M <- M * exp(new - prox) on each sample's key (episode, or episode and step); ratios of one key multiply."""
-    out = dict(m)
-    ratios = torch.exp(new_logp.detach().double() - prox_logp.detach().double()).tolist()
-    for k, r in zip(keys, ratios):
-        out[k] = out.get(k, 1.0) * r
-    return out

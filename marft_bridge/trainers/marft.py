@@ -6,11 +6,14 @@ One update on a batch of episodes (``MarftTrainer.train_on``):
 2. With no gradient: proximal log-probs (current adapters), reference log-probs (adapters
    disabled), values (critic). Behaviour log-probs from the trace, or the proximal ones when the
    trace has none (flagged, treated as on-policy).
-3. GAE over the action sequence (MARFT-A) or the token sequence (MARFT-T).
-4. Sequential trust region: draw an agent order (random, or by dependency); M = 1 per
-   episode (``factor_scope: step``: per (episode, step)). For each agent i_m: ppo_epochs x minibatches of the clipped surrogate on M*A
-   with the decoupled behaviour weight, + beta*KL(pi || ref) - c_H*H; then, with no gradient,
-   fold its new/proximal ratio into M for the agents after it.
+3. GAE by backward induction over D, per action (MARFT-A) or per token (MARFT-T): each action
+   bootstraps from its successors in D (advantages.py).
+4. Sequential trust region (factor.py): agents in a topological order of D (or random); M = 1 per
+   sample. For each agent i_m: ppo_epochs x minibatches of the clipped surrogate on M*A with the
+   decoupled behaviour weight, + beta*KL_k2(pi || ref) - c_H*H; then, with no gradient, its
+   whole-action ratios (sum log-probs) fold into the M of the actions they are sources of (default:
+   its descendants in D within their round), M clipped to [(1-eps)^n, (1+eps)^n]. One adapter for
+   all agents (``shared_adapter``, ``single_agent``): one group, M = 1.
 5. Critic: clipped Huber value loss towards the GAE returns.
 6. Guards: a non-finite loss skips that step (logged, counted); an approx-KL above ``target_kl``
    stops that agent's epochs (logged); entropy / reference-KL collapse or non-finite weights roll
@@ -38,16 +41,18 @@ import json
 import logging
 import math
 import os
+import zlib
 from pathlib import Path
 
 import torch
 
 from ..errors import MarftError
 from . import losses as L
-from .advantages import action_level_steps, gae, token_level_steps
+from .advantages import gae_along_d, successors
 from .batch import Batch, Sample, build_batch
 from .config import MarftConfig
 from .critic import ValueHead, critic_params, features, values
+from .factor import agent_graph_stats, clip_factor, dependency_order, factor_sources, factor_stats, fold_factor
 from .policy import MultiAgentPolicy, pack, pick_device
 from .rollout import RolloutPolicy, evaluate
 
@@ -84,12 +89,18 @@ class MarftTrainer:
                                             weight_decay=config.weight_decay) for a in self.policy.adapters}
         self.critic_optim = torch.optim.AdamW(critic_params(self.policy, self.head), lr=config.critic_lr, eps=1e-5,
                                               weight_decay=config.weight_decay)
-        self.gen = torch.Generator().manual_seed(config.seed)  # minibatch shuffles (may differ per rank)
+        # Minibatch shuffles: one seeded generator per update group (each agent, the one shared group,
+        # the critic), so an agent's shuffles never depend on which agents were updated before it.
+        labels = [f"agent/{a}" for a in self.policy.agents] + ["group/all", "critic"]
+        self.gens = {k: torch.Generator().manual_seed(zlib.crc32(f"{config.seed}/{k}".encode())) for k in labels}
         self.order_gen = torch.Generator().manual_seed(config.seed + 1)  # agent orders (same on every rank)
         self.update_count = 0
         self.out_dir = Path(out_dir) if out_dir else None
         self._stable = self._snapshot()
         log.info("MARFT config:\n%s", config.to_yaml())
+        if self.out_dir and self.rank == 0:  # the effective config, beside metrics.jsonl
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            (self.out_dir / "config.yaml").write_text(config.to_yaml())
 
     # -- public API --------------------------------------------------------------------------------
 
@@ -242,31 +253,26 @@ class MarftTrainer:
         return prox, ref, vals, feats
 
     def _reduce(self, tok: torch.Tensor, lens: list[int]) -> torch.Tensor:
-        # MARFT-A action log-prob: sum (or mean) of its token log-probs.
+        # MARFT-A surrogate's action log-prob: sum (or mean) of its token log-probs. M always sums.
         sums = torch.stack([t.sum() for t in tok.split(lens)])
         if self.config.logprob_reduction == "mean":
             return sums / torch.tensor(lens, dtype=sums.dtype, device=sums.device)
         return sums
 
-    def _agent_order(self, batch: Batch) -> list[str]:
+    def _agent_order(self, batch: Batch, anc: tuple[torch.Tensor, torch.Tensor]) -> list[str]:
+        """Trained agents with samples (on any rank): by D (factor.dependency_order), or random."""
         present = [a for a in self.policy.agents if a not in self.config.frozen_agents]
-        counts = torch.tensor([sum(s.agent == a for s in batch.samples) for a in present], dtype=torch.float64)
+        n = len(present)
+        stats = agent_graph_stats(present, [s.agent for s in batch.samples], [s.episode for s in batch.samples], anc)
         if self.world > 1:
             import torch.distributed as dist
 
-            dist.all_reduce(counts)
-        present = [a for a, n in zip(present, counts.tolist()) if n > 0]
+            dist.all_reduce(stats)
+        keep = [i for i in range(n) if stats[i, n] > 0]
+        present = [present[i] for i in keep]
         if self.config.agent_order == "dependency":
-            # Mean position of each agent's first action in the topological order of its episodes.
-            first: dict[str, list[int]] = {}
-            seen: dict[tuple, int] = {}
-            for s in batch.samples:
-                pos = seen.setdefault((s.episode, "n"), 0)
-                seen[(s.episode, "n")] = pos + 1
-                if (s.episode, s.agent) not in seen:
-                    seen[(s.episode, s.agent)] = pos
-                    first.setdefault(s.agent, []).append(pos)
-            return sorted(present, key=lambda a: (sum(first.get(a, [0])) / max(len(first.get(a, [])), 1), a))
+            first = stats[keep, n + 1] / stats[keep, n + 2].clamp(min=1)
+            return dependency_order(present, stats[keep][:, keep], first)
         perm = torch.randperm(len(present), generator=self.order_gen).tolist()
         return [present[i] for i in perm]
 
@@ -274,44 +280,60 @@ class MarftTrainer:
         c = self.config
         token_level = c.mode == "marft_t"
         S = batch.samples
-        lens = [len(s.act_ids) for s in S]
+        K = len(S)
+        lens = [len(s.act_ids) for s in S]  # L_k: action tokens of sample k
+        parents, agents = [s.parents for s in S], [s.agent for s in S]
+        episodes, steps = [s.episode for s in S], [s.step for s in S]
+
+        # 1. Rollout statistics (no gradient): per sample (L_k,) proximal / reference token log-probs,
+        #    old values ((L_k,) MARFT-T, () MARFT-A); behaviour log-probs from the trace, else proximal.
         prox, ref, old_v, feats = self._rollout_stats(S)
         beh = [torch.tensor(s.beh_logp, dtype=torch.float32, device=self.device) if s.beh_logp is not None
                and len(s.beh_logp) == len(s.act_ids) else p for s, p in zip(S, prox)]
 
-        # Advantages: GAE over the action sequence (A) or the token sequence (T).
-        rewards = [s.reward for s in S]
-        ends = [s.end for s in S]
-        if token_level:
-            r, g, d = token_level_steps(rewards, lens, ends, c.gamma, c.token_gamma)
-            v_flat = torch.cat(old_v).double().cpu()
-        else:
-            r, g, d = action_level_steps(rewards, ends, c.gamma)
-            v_flat = torch.stack(old_v).double().cpu()
-        adv, ret = gae(r, v_flat, g, d, c.gae_lambda)
-        adv, ret = adv.float().to(self.device), ret.float().to(self.device)
+        # 2. GAE by backward induction over D: each action bootstraps from its successors (advantages.py).
+        succ = successors(parents, episodes)
+        adv_d, ret_d = gae_along_d([s.reward for s in S], [v.reshape(-1) for v in old_v], succ, c.gamma,
+                                   c.gae_lambda, c.token_gamma, c.token_lambda)
+        adv = torch.cat(adv_d).float().to(self.device)  # (sum L_k,) MARFT-T, (K,) MARFT-A
+        ret = torch.cat(ret_d).float().to(self.device)
         adv_s = list(adv.split(lens)) if token_level else list(adv.unbind(0))
         ret_s = list(ret.split(lens)) if token_level else list(ret.unbind(0))
 
         m = {"reward_mean": sum(batch.episode_returns) / len(batch.episode_returns), "episodes": batch.episodes,
-             "samples": len(S), "tokens": batch.n_tokens, "skipped": dict(batch.skipped), "flagged": dict(batch.flagged),
+             "samples": K, "tokens": batch.n_tokens, "skipped": dict(batch.skipped), "flagged": dict(batch.flagged),
              "skipped_nonfinite": 0, "early_stops": [], "agent_order": []}
         acc: dict[str, list[float]] = {k: [] for k in ("policy_loss", "kl_ref", "entropy", "approx_kl", "clipfrac",
                                                      "behaviour_weight", "value_loss")}
-        factor: dict = {}
-        groups = ([(None, list(range(len(S))))] if c.mode == "single_agent" else
-                  [(a, [i for i, s in enumerate(S) if s.agent == a]) for a in self._agent_order(batch)])
+
+        # 3. Sequential trust region (factor.py). M_k = product of exp(sum new - sum prox) over the
+        #    sources j of sample k (pairs k <- j) whose agent is already updated; clipped per ratio.
+        anc = factor_sources(parents, agents, episodes, steps, "ancestors")
+        sources = anc if c.factor_scope == "ancestors" else factor_sources(parents, agents, episodes, steps,
+                                                                           c.factor_scope)
+        log_m = torch.zeros(K, dtype=torch.float64)  # (K,) log M, unclipped
+        n_m = torch.zeros(K, dtype=torch.float64)  # (K,) ratios folded into M
+        seen_m = torch.ones(K, dtype=torch.float64)  # (K,) the clipped M each sample's update used
+        seen_clip = torch.zeros(K, dtype=torch.bool)
+        one_group = c.mode == "single_agent" or c.shared_adapter  # one adapter: one group, M = 1
+        groups = ([(None, list(range(K)))] if one_group else
+                  [(a, [i for i, s in enumerate(S) if s.agent == a]) for a in self._agent_order(batch, anc)])
         for g_i, (agent, idx) in enumerate(groups):
             adapter = self.policy.adapters[0] if agent is None else self.policy.adapter_of[agent]
             m["agent_order"].append(agent or adapter)
             params = self.policy.adapter_params(adapter)
+            factor, clipped = clip_factor(log_m, n_m, c.factor_clip)  # (K,), (K,)
+            seen_m[idx], seen_clip[idx] = factor[idx], clipped[idx]
+            factor = factor.float().to(self.device)
+
+            # 3a. PPO epochs on this agent's samples: clipped surrogate on M * A (+ KL, - entropy).
+            gen = self.gens[f"agent/{agent}" if agent is not None else "group/all"]
             for epoch in range(c.ppo_epochs):
                 kls = []
-                for mb in self._minibatches(idx):
-                    ss = [S[i] for i in mb]
+                for mb in self._minibatches(idx, gen):
                     loss = None
                     if mb:
-                        loss, stats = self._policy_loss(adapter, ss, mb, prox, ref, beh, adv_s, factor, token_level)
+                        loss, stats = self._policy_loss(adapter, S, mb, prox, ref, beh, adv_s, factor, token_level)
                         for k, v in stats.items():
                             acc[k].append(v)
                         kls.append(stats["approx_kl"])
@@ -321,19 +343,25 @@ class MarftTrainer:
                                 agent or adapter, kl, c.target_kl, epoch + 1)
                     m["early_stops"].append({"agent": agent or adapter, "epoch": epoch + 1, "approx_kl": kl})
                     break
-            if agent is not None and idx and g_i + 1 < len(groups):
-                # Fold the updated agent's ratio into M for the agents after it (no gradient).
+
+            # 3b. Fold its whole-action ratios into the M of the samples they are sources of (no gradient).
+            if agent is not None and idx and g_i + 1 < len(groups) and c.factor_scope != "none":
                 with torch.no_grad():
                     ss = [S[i] for i in idx]
                     ln = [len(s.act_ids) for s in ss]
                     new_tok = torch.cat([self._forward(adapter, ss[k:k + c.forward_batch_size], grad=False)[0]
-                                         for k in range(0, len(ss), c.forward_batch_size)])
-                    old = self._reduce(torch.cat([prox[i] for i in idx]), ln)
-                    factor = L.fold_factor(factor, [self._factor_key(s) for s in ss], self._reduce(new_tok, ln), old)
+                                         for k in range(0, len(ss), c.forward_batch_size)])  # (sum L,)
+                    prox_tok = torch.cat([prox[i] for i in idx])
+                    log_ratio = torch.zeros(K, dtype=torch.float64)  # (K,) sum new - sum prox, this agent's
+                    log_ratio[idx] = torch.stack([t.sum() for t in (new_tok - prox_tok).split(ln)]).double().cpu()
+                    updated = torch.zeros(K, dtype=torch.bool)
+                    updated[idx] = True
+                    log_m, n_m = fold_factor(log_m, n_m, sources, log_ratio, updated)
 
+        # 4. Critic: clipped Huber value loss towards the GAE returns.
         critic = critic_params(self.policy, self.head)
         for _ in range(c.ppo_epochs):
-            for mb in self._minibatches(list(range(len(S)))):
+            for mb in self._minibatches(list(range(K)), self.gens["critic"]):
                 loss = None
                 if mb:
                     cat = torch.cat if token_level else torch.stack
@@ -343,56 +371,62 @@ class MarftTrainer:
                         ss = [S[i] for i in mb]
                         packed = pack([s.obs_ids for s in ss], [s.act_ids for s in ss], self.policy.pad_id, self.device)
                         v = values(self.policy, self.head, packed, token_level)
-                    # c_V * E[max(huber(V - R), huber(V_old + clip(V - V_old, -eps_V, eps_V) - R))]
-                    loss = c.value_coef * L.clipped_value_loss(v, cat([old_v[i] for i in mb]), cat([ret_s[i] for i in mb]),
-                                                               c.value_clip, c.huber_delta)
-                    acc["value_loss"].append(float(loss.detach()))
+                    # L_V = c_V * E[max(huber(V - R), huber(V_old + clip(V - V_old, -eps_V, eps_V) - R))]
+                    value_loss = c.value_coef * L.clipped_value_loss(v, cat([old_v[i] for i in mb]),
+                                                                     cat([ret_s[i] for i in mb]),
+                                                                     c.value_clip, c.huber_delta)
+                    acc["value_loss"].append(float(value_loss.detach()))
+                    loss = value_loss
                 self._step(critic, self.critic_optim, loss, m, "critic")
+
+        # 5. Metrics: means over minibatches; M as each sample's update used it (quantiles, clipfrac).
         for k, v in acc.items():
             m[k] = self._mean_all(v)
-        m["factor_mean"] = (sum(factor.values()) / len(factor)) if factor else 1.0
-        self.last_factor = factor  # diagnostics: M as the last agent in the order saw it
+        m.update(factor_stats(seen_m, seen_clip, n_m))
+        self.last_factor = seen_m.tolist()  # diagnostics: per sample, in batch order
         return m
 
-    def _factor_key(self, s: Sample) -> tuple:
-        return (s.episode,) if self.config.factor_scope == "episode" else (s.episode, s.step)
-
-    def _policy_loss(self, adapter, ss, mb, prox, ref, beh, adv_s, factor, token_level):
+    def _policy_loss(self, adapter, S, mb, prox, ref, beh, adv_s, factor, token_level):
         c = self.config
+        ss = [S[i] for i in mb]
+        ln = [len(s.act_ids) for s in ss]  # L_b: action tokens of minibatch sample b
         self.policy.model.train()
-        new_tok, ent, _, _ = self._forward(adapter, ss, grad=True, entropy=True)
+        new_tok, ent, _, _ = self._forward(adapter, ss, grad=True, entropy=True)  # (N,), (N,): N = sum L_b
         self.policy.model.eval()
-        ln = [len(s.act_ids) for s in ss]
-        prox_tok = torch.cat([prox[i] for i in mb])
-        beh_tok = torch.cat([beh[i] for i in mb])
-        mfac = torch.tensor([factor.get(self._factor_key(s), 1.0) for s in ss], dtype=torch.float32, device=self.device)
-        if token_level:
-            new, old, b = new_tok, prox_tok, beh_tok
-            adv = torch.cat([adv_s[i] for i in mb])
-            mfac = mfac.repeat_interleave(torch.tensor(ln, device=self.device))
-        else:
-            new, old, b = self._reduce(new_tok, ln), self._reduce(prox_tok, ln), self._reduce(beh_tok, ln)
-            adv = torch.stack([adv_s[i] for i in mb])
+        prox_tok = torch.cat([prox[i] for i in mb])  # (N,)
+        beh_tok = torch.cat([beh[i] for i in mb])  # (N,)
+        ref_tok = torch.cat([ref[i] for i in mb])  # (N,)
+        mfac = factor[mb]  # (B,) M per sample
+        if token_level:  # MARFT-T: one PPO sample per token
+            new, old, b = new_tok, prox_tok, beh_tok  # (N,)
+            adv = torch.cat([adv_s[i] for i in mb])  # (N,)
+            mfac = mfac.repeat_interleave(torch.tensor(ln, device=self.device))  # (N,)
+        else:  # MARFT-A: one PPO sample per action
+            new, old, b = self._reduce(new_tok, ln), self._reduce(prox_tok, ln), self._reduce(beh_tok, ln)  # (B,)
+            adv = torch.stack([adv_s[i] for i in mb])  # (B,)
         if c.normalize_advantages:
             adv = L.normalize(adv)
-        w = L.behaviour_weights(old, b, c.behaviour_weight_cap)
-        pg = L.clipped_surrogate(new, old, adv * mfac, w, c.clip)  # sequential trust region: M * A
-        kl = L.kl_to_reference(new_tok, torch.cat([ref[i] for i in mb])).mean()  # k3 KL(pi || ref), per token
-        entropy = ent.mean()  # H = -sum_v p_v log p_v, per token
-        loss = pg + c.kl_coef * kl - c.entropy_coef * entropy  # PPO + beta KL(pi||ref) - c_H H
+        w = L.behaviour_weights(old, b, c.behaviour_weight_cap)  # w = min(exp(prox - beh), cap)
+        # L_clip = -E[w * min(r M A, clip(r, 1 - eps, 1 + eps) M A)],  r = exp(new - prox)
+        pg_loss = L.clipped_surrogate(new, old, adv * mfac, w, c.clip)
+        # L_KL = E_tokens[1/2 (log pi - log ref)^2]  (k2: its gradient is that of KL(pi || ref))
+        kl_loss = L.kl_k2(new_tok, ref_tok).mean()
+        # H = E_tokens[-sum_v p_v log p_v]
+        entropy = ent.mean()
+        loss = pg_loss + c.kl_coef * kl_loss - c.entropy_coef * entropy
         with torch.no_grad():
-            ratio = torch.exp(new - old)
-            stats = {"policy_loss": float(pg), "kl_ref": float(kl), "entropy": float(entropy),
-                     "approx_kl": float(L.approx_kl(new_tok, prox_tok)),
+            ratio = torch.exp(new - old)  # the surrogate's ratio: per action (A) or per token (T)
+            stats = {"policy_loss": float(pg_loss), "kl_ref": float(L.kl_k3(new_tok, ref_tok).mean()),
+                     "entropy": float(entropy), "approx_kl": float(L.approx_kl(new, old)),
                      "clipfrac": float(((ratio - 1).abs() > c.clip).float().mean()),
                      "behaviour_weight": float(w.mean())}
         return loss, stats
 
-    def _minibatches(self, idx: list[int]) -> list[list[int]]:
+    def _minibatches(self, idx: list[int], gen: torch.Generator) -> list[list[int]]:
         # Exactly num_minibatches chunks (some may be empty) so every DDP rank takes the same steps.
         if not idx:
             return [[] for _ in range(self.config.num_minibatches)] if self.world > 1 else []
-        perm = torch.randperm(len(idx), generator=self.gen).tolist()
+        perm = torch.randperm(len(idx), generator=gen).tolist()
         n = self.config.num_minibatches
         chunks = [[idx[j] for j in perm[k::n]] for k in range(n)]
         return chunks if self.world > 1 else [ch for ch in chunks if ch]
@@ -467,7 +501,8 @@ class MarftTrainer:
     def _snapshot(self) -> dict:
         return {"weights": {n: p.detach().clone() for n, p in self._named_weights().items()},
                 "optim": {k: copy.deepcopy(o.state_dict()) for k, o in self._optimizers().items()},
-                "rng": {"gen": self.gen.get_state(), "order_gen": self.order_gen.get_state(),
+                "rng": {**{f"gen/{k}": g.get_state() for k, g in self.gens.items()},
+                        "order_gen": self.order_gen.get_state(),
                         "torch": torch.get_rng_state(),
                         **({"cuda": torch.cuda.get_rng_state()} if self.device.type == "cuda" else {})},
                 "update_count": self.update_count}
@@ -479,7 +514,9 @@ class MarftTrainer:
         for k, o in self._optimizers().items():
             o.load_state_dict(copy.deepcopy(snap["optim"][k]))
         if counters:
-            self.gen.set_state(snap["rng"]["gen"])
+            for k, g in self.gens.items():
+                if f"gen/{k}" in snap["rng"]:  # absent in checkpoints from before per-group generators
+                    g.set_state(snap["rng"][f"gen/{k}"])
             self.order_gen.set_state(snap["rng"]["order_gen"])
             torch.set_rng_state(snap["rng"]["torch"])
             if "cuda" in snap["rng"] and self.device.type == "cuda":
