@@ -194,8 +194,8 @@ def test_reward_credited_paths(ui):
     c, _, _ = ui
     d = c.get("/api/episodes/tool-episode-1").json()
     team, on_tool = d["credited"]
-    # Team reward: the last step's final actions (write, side) and all they depend on.
-    assert (team["value"], team["source"], set(team["actions"])) == (0.5, "checker", {"plan", "search-1", "write", "side"})
+    # Team reward: the last step's final model call (write; not the env side step) and all it depends on.
+    assert (team["value"], team["source"], set(team["actions"])) == (0.5, "checker", {"plan", "search-1", "write"})
     assert (on_tool["action_id"], set(on_tool["actions"])) == ("search-1", {"search-1", "plan"})
     assert d["task"] == {"question": "What are cats?"}
 

@@ -134,7 +134,8 @@ def test_browser_episode_list_graph_action_and_run_plot(chromium, live_ui, tmp_p
             expect(page.locator("#graph path.edge")).to_have_count(3)
             expect(page.locator("#graph .node.kind-tool")).to_have_count(1)
             expect(page.locator("#graph .node.kind-tool polygon")).to_have_count(1)  # its own shape
-            expect(page.locator("#graph .node.credited")).to_have_count(4)  # the team reward's path
+            expect(page.locator("#graph .node.credited")).to_have_count(3)  # the team reward's path
+            expect(page.locator("#graph path.edge.credited")).to_have_count(3)
             page.locator("#rewards tr.clickable").nth(1).click()  # the tool step's own reward
             expect(page.locator("#graph .node.credited")).to_have_count(2)
             page.locator('#graph .node[data-action-id="plan"]').click()

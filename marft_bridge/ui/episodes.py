@@ -226,12 +226,14 @@ class EpisodeIndex:
 
 def credited(ep: Episode) -> list[dict]:
     """Per reward, the actions it credits: the rewarded action (action reward), the agent's last
-    action (agent reward) or the last step's final actions (team reward), with everything they
-    depend on in D, transitively."""
+    action (agent reward) or the episode's final decisions (team reward: the last step's actions
+    nothing depends on, its model calls and messages when it has any, not a tool's or env's side
+    step), with everything they depend on in D, transitively."""
     by_id = {a.id: a for a in ep.actions}
     needed = {d for a in ep.actions for d in a.depends_on}
     last_step = max((a.step for a in ep.actions), default=0)
-    finals = [a.id for a in ep.actions if a.step == last_step and a.id not in needed]
+    sinks = [a for a in ep.actions if a.step == last_step and a.id not in needed]
+    finals = [a.id for a in sinks if a.kind in ("llm", "message")] or [a.id for a in sinks]
     out = []
     for r in ep.rewards:
         if r.action_id is not None:

@@ -47,8 +47,8 @@ function drawGraph(graph, credited, onPick) {
     width, height, viewBox: `0 0 ${width} ${height}`, "data-nodes": graph.nodes.length,
     "data-edges": graph.edges.length });
   const defs = svgEl("defs");
-  const marker = svgEl("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7,
-    markerHeight: 7, orient: "auto-start-reverse" });
+  const marker = svgEl("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 8,
+    markerHeight: 8, markerUnits: "userSpaceOnUse", orient: "auto-start-reverse" });
   marker.appendChild(svgEl("path", { d: "M0,0 L10,5 L0,10 z", class: "arrowhead" }));
   defs.appendChild(marker);
   svg.appendChild(defs);
