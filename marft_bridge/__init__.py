@@ -25,10 +25,10 @@ _EXPORTS = {
     "MarftError": "marft_bridge.errors",
     "RecordError": "marft_bridge.errors",
     "TraceStore": "marft_bridge.store",
-    "episode": "marft_bridge.recording",
+    "episode": "marft_bridge.integrations.session",
     "instrument": "marft_bridge.integrations.langgraph",
     "uninstrument": "marft_bridge.integrations.langgraph",
-    "capture": "marft_bridge.integrations.langgraph",
+    "capture": "marft_bridge.integrations.session",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

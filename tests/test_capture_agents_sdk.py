@@ -1,0 +1,119 @@
+"""OpenAI Agents SDK apps captured by ``mb.capture()``: two real SDK agents (a triage agent with a
+function tool and a handoff to a billing agent) on the SDK's default Responses-API model with the
+real ``openai`` client, against a scripted local server. Exact agents, kinds, tool steps and D."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_trace_processors
+from openai import AsyncOpenAI
+
+import marft_bridge as mb
+from marft_bridge.integrations import openai_agents
+from marft_bridge.recording import capture_stats, reset_capture_stats
+from fake_responses import FakeServer
+
+
+@pytest.fixture(scope="module")
+def srv():
+    with FakeServer() as s:
+        yield s
+
+
+@pytest.fixture(autouse=True)
+def _only_our_processor(monkeypatch):
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    openai_agents.install()
+    set_trace_processors([openai_agents.trace_processor()])  # no export to the OpenAI backend
+    reset_capture_stats()
+
+
+def team(url: str):
+    client = AsyncOpenAI(base_url=url, api_key="test", max_retries=0)
+
+    @function_tool
+    def lookup(city: str) -> str:
+        """The weather in a city."""
+        return f"{city}: 21C"
+
+    billing = Agent(name="billing", instructions="You bill.", model=OpenAIResponsesModel("billing-model", client))
+    triage = Agent(name="triage", instructions="You route.", tools=[lookup], handoffs=[billing],
+                   model=OpenAIResponsesModel("triage-model", client))
+    return triage
+
+
+def check_episode(ep):
+    acts = ep.actions
+    assert [(a.agent, a.kind) for a in acts] == [
+        ("triage", "llm"), ("triage", "tool"), ("triage", "llm"), ("triage", "tool"), ("billing", "llm")]
+    plan, lookup, route, handoff, bill = acts
+    assert [a.depends_on for a in acts[:4]] == [[], [plan.id], [lookup.id], [route.id]]
+    # billing saw the lookup result (call_lookup), route's text and the handoff's result (call_handoff)
+    assert sorted(bill.depends_on) == sorted([lookup.id, route.id, handoff.id])
+    assert [a.policy.name for a in (plan, route, bill)] == ["triage-model", "triage-model", "billing-model"]
+    # what the model saw: instructions as the system message, the tools in chat shape
+    assert plan.observation.messages[0].model_dump(exclude_none=True) == {"role": "system", "content": "You route."}
+    assert plan.observation.messages[1].content == "weather in Paris, then bill me"
+    assert [t["function"]["name"] for t in plan.observation.tools] == ["lookup", "transfer_to_billing"]
+    assert plan.observation.tools[0]["function"]["parameters"]["properties"] == {"city": {"title": "City", "type": "string"}}
+    assert plan.output.tool_calls == [{"id": "call_lookup", "type": "function",
+                                       "function": {"name": "lookup", "arguments": '{"city": "Paris"}'}}]
+    assert plan.output.finish_reason == "tool_calls" and plan.output.text == ""
+    # the function tool step, shaped like MCP / LangChain tool steps
+    assert lookup.output.text == "Paris: 21C" and lookup.error is None
+    assert lookup.observation.messages[0].tool_calls == plan.output.tool_calls
+    assert {k: lookup.metadata[k] for k in ("tool.name", "tool.arguments", "tool_call_id")} == {
+        "tool.name": "lookup", "tool.arguments": {"city": "Paris"}, "tool_call_id": "call_lookup"}
+    # the route call saw the tool result as a tool message answering call_lookup
+    tool_msg = route.observation.messages[-1]
+    assert (tool_msg.role, tool_msg.tool_call_id, tool_msg.content) == ("tool", "call_lookup", "Paris: 21C")
+    assert route.output.text == "Handing over." and route.output.tool_calls[0]["function"]["name"] == "transfer_to_billing"
+    # the handoff is the transfer_to_billing tool step, its result the SDK's transfer message
+    assert handoff.metadata["tool.name"] == "transfer_to_billing" and handoff.metadata["handoff.goto"] == "billing"
+    assert handoff.metadata["tool_call_id"] == "call_handoff" and json.loads(handoff.output.text) == {"assistant": "billing"}
+    assert bill.observation.messages[0].content == "You bill." and bill.output.text == "billed: Paris: 21C"
+    assert ep.source == "openai_agents" and ep.task == "weather in Paris, then bill me"
+    assert ep.metadata["trace_id"].startswith("trace_")
+
+
+def test_runner_run_is_one_episode_with_tool_steps_and_a_handoff(srv, sqlite_store):
+    with mb.capture(store=sqlite_store) as cap:
+        result = Runner.run_sync(team(srv.url), "weather in Paris, then bill me")
+    assert result.final_output == "billed: Paris: 21C"
+    assert len(cap.episode_ids) == 1
+    sqlite_store.flush()
+    check_episode(sqlite_store.get_episode(cap.episode_ids[0]))
+    assert capture_stats()["errors"] == 0
+
+
+def test_async_runs_each_open_their_own_episode(srv, sqlite_store):
+    async def main():
+        async with mb.capture(store=sqlite_store) as cap:
+            await Runner.run(team(srv.url), "weather in Paris, then bill me")
+            await Runner.run(team(srv.url), "weather in Paris, then bill me")
+        return cap
+
+    cap = asyncio.run(main())
+    assert len(cap.episode_ids) == 2 and cap.episode_ids[0] != cap.episode_ids[1]
+    sqlite_store.flush()
+    for eid in cap.episode_ids:
+        check_episode(sqlite_store.get_episode(eid))
+
+
+def test_a_run_inside_an_episode_joins_it(srv, sqlite_store):
+    with mb.episode(store=sqlite_store) as ep:
+        Runner.run_sync(team(srv.url), "weather in Paris, then bill me")
+    sqlite_store.flush()
+    assert [(a.agent, a.kind) for a in sqlite_store.get_episode(ep.id).actions][-1] == ("billing", "llm")
+    assert sqlite_store.count() == 1
+
+
+def test_runs_outside_capture_record_nothing(srv, sqlite_store):
+    Runner.run_sync(team(srv.url), "weather in Paris, then bill me")
+    with mb.capture(store=sqlite_store):
+        pass
+    sqlite_store.flush()
+    assert sqlite_store.count() == 0
