@@ -490,7 +490,8 @@ def resolve_adapters(names: list[str], known: dict[str, list[str]]) -> list[str]
     return list(dict.fromkeys(out))
 
 
-def _record_error(exc: ValidationError, record: str | None) -> RecordError:
+def record_error(exc: ValidationError, record: str | None) -> RecordError:
+    """A pydantic ValidationError of a record as RecordError: the first error's field path and reason."""
     err = exc.errors()[0]
     ctx = err.get("ctx") or {}
     if err.get("type") == "invariant":
@@ -525,7 +526,7 @@ def parse_episode(data: str | bytes | dict, record: str | None = None) -> Episod
     except ValidationError as e:
         eid = data.get("id")
         name = ", ".join(p for p in (record, f"episode {eid}" if isinstance(eid, str) else None) if p) or None
-        raise _record_error(e, name) from None
+        raise record_error(e, name) from None
 
 
 def validate_episode(episode: Episode) -> Episode:

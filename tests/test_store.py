@@ -478,3 +478,41 @@ def test_submitted_episodes_are_written_at_interpreter_exit(store_url):
     subprocess.run([sys.executable, "-c", script, store_url], check=True, timeout=120)
     with TraceStore.open(store_url) as s:
         assert s.count() == 25
+
+
+def test_dead_letter_is_public(store):
+    store.dead_letter(RecordError("upstream line 3", "actions.0.agent", "too long"), {"id": "x", "n": 1})
+    store.dead_letter(RecordError(None, None, "not UTF-8"), b"\xff{bad")
+    newest, oldest = store.dead_letters()
+    assert (oldest.record, oldest.field, oldest.reason, oldest.raw) == (
+        "upstream line 3", "actions.0.agent", "too long", '{"id": "x", "n": 1}')
+    assert (newest.reason, newest.raw) == ("not UTF-8", "\ufffd{bad")
+
+
+def test_the_store_modules_import_each_other_in_one_direction():
+    """tracestore uses files and writer; they know nothing of it (they take a store object or a callback),
+    counting imports anywhere in a module, also inside functions and under TYPE_CHECKING."""
+    import ast
+    from pathlib import Path
+
+    import marft_bridge.store as pkg
+
+    root = Path(pkg.__file__).parent
+    graph: dict[str, set[str]] = {}
+    for path in root.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                deps |= {node.module} if node.module else {a.name for a in node.names}
+        graph[path.stem] = {d.split(".")[0] for d in deps} - {path.stem}
+    assert graph["files"] == {"records"} and graph["writer"] == set()
+    assert {"files", "writer", "records", "tables"} <= graph["tracestore"]
+
+    def reach(start: str, seen: set[str]) -> set[str]:
+        for d in graph.get(start, ()):
+            if d not in seen:
+                seen.add(d)
+                reach(d, seen)
+        return seen
+
+    assert all(m not in reach(m, set()) for m in graph), graph

@@ -15,14 +15,23 @@ import sys
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import MarftError, RecordError
 from .records import Refusal, WriteReport
 
 if TYPE_CHECKING:
     from ..schema import Episode
-    from .tracestore import TraceStore
+
+
+class EpisodeStore(Protocol):
+    """What export and import need of a store (``TraceStore``'s public methods)."""
+
+    def episodes(self, **filters: Any) -> Iterator[Episode]: ...
+
+    def add_episode(self, episode: Any, *, record: str | None = None) -> str: ...
+
+    def dead_letter(self, error: RecordError, raw: Any) -> None: ...
 
 FORMATS = ("jsonl", "parquet")
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
@@ -45,7 +54,7 @@ def detect_format(path: str | os.PathLike, format: str | None) -> str:
 # -- export ------------------------------------------------------------------------------------
 
 
-def export_episodes(store: TraceStore, path: str | os.PathLike, format: str | None = None, **filters: Any) -> int:
+def export_episodes(store: EpisodeStore, path: str | os.PathLike, format: str | None = None, **filters: Any) -> int:
     fmt = detect_format(path, format)
     episodes = store.episodes(**filters)
     if fmt == "parquet":
@@ -179,7 +188,7 @@ def _export_parquet(episodes: Iterator[Episode], path: Path) -> int:
 # -- import ------------------------------------------------------------------------------------
 
 
-def import_file(store: TraceStore, path: str | os.PathLike, format: str | None = None) -> WriteReport:
+def import_file(store: EpisodeStore, path: str | os.PathLike, format: str | None = None) -> WriteReport:
     fmt = detect_format(path, format)
     if str(path) != "-" and not Path(path).is_file():
         raise MarftError(f"no such file: {path}")
@@ -188,7 +197,7 @@ def import_file(store: TraceStore, path: str | os.PathLike, format: str | None =
     for name, raw in records:
         try:
             if isinstance(raw, _Broken):
-                store._dead_letter(raw.error, raw.raw)
+                store.dead_letter(raw.error, raw.raw)
                 raise raw.error
             store.add_episode(raw, record=name)
             report.added += 1

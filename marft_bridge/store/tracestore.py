@@ -29,9 +29,11 @@ from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
 from ..errors import MarftError, RecordError
-from ..schema import Action, Episode, Reward, _record_error, episode_data, parse_episode
+from ..schema import Action, Episode, Reward, record_error, episode_data, parse_episode
 from . import tables as t
+from .files import export_episodes, import_file
 from .records import DeadLetter, EpisodeNotFound, Refusal, WriteReport
+from .writer import BackgroundWriter, Snapshot
 
 log = logging.getLogger("marft_bridge.store")
 
@@ -162,7 +164,7 @@ class TraceStore:
         except RecordError as e:
             if record is not None and not (e.record or "").startswith(record):
                 e = RecordError(", ".join(p for p in (record, e.record) if p), e.field, e.reason)
-            self._dead_letter(e, episode)
+            self.dead_letter(e, episode)
             raise e from None
         return ep.id if ep is not None else data["id"]
 
@@ -192,7 +194,7 @@ class TraceStore:
             except Exception as e:  # noqa: BLE001 - a snapshot that cannot be loaded back
                 self._write_group(group)
                 group = []
-                self._dead_letter(RecordError(None, None, f"cannot be read back from the write queue: {e}"), repr(item))
+                self.dead_letter(RecordError(None, None, f"cannot be read back from the write queue: {e}"), repr(item))
         self._write_group(group)
 
     def _write_group(self, group: list[tuple[str, _Rows, Any]]) -> None:
@@ -288,10 +290,10 @@ class TraceStore:
             try:
                 reward = Reward(value=value, agent=agent, action_id=action_id, source=source, metadata=meta)
             except ValidationError as e:
-                raise _record_error(e, f"{name} reward") from None
+                raise record_error(e, f"{name} reward") from None
             self._retry(lambda conn: self._insert_reward(conn, episode_id, reward))
         except RecordError as e:
-            self._dead_letter(e, _safe_dumps(raw))
+            self.dead_letter(e, _safe_dumps(raw))
             raise
         return reward
 
@@ -391,7 +393,10 @@ class TraceStore:
             conn.execute(sa.text(f"lock table {t.changes.name} in exclusive mode"))
         self._insert(conn, t.changes, rows if len(rows) > 1 else rows[0])
 
-    def _dead_letter(self, err: RecordError, raw: Any) -> None:
+    def dead_letter(self, err: RecordError, raw: Any) -> None:
+        """Keep a refused record with the reason (``dead_letters()`` lists them); ``raw`` is the record
+        as text, bytes or a JSON-able object, capped at MAX_DEAD_LETTER_CHARS. Never raises for a
+        database error: the refusal itself is what the caller reports."""
         text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace") if isinstance(raw, bytes) else _safe_dumps(raw)
         if len(text) > MAX_DEAD_LETTER_CHARS:
             text = text[:MAX_DEAD_LETTER_CHARS] + f"... [truncated, {len(text)} chars in all]"
@@ -422,9 +427,7 @@ class TraceStore:
             return
         with self._writer_lock:
             if self._writer is None:
-                from .writer import BackgroundWriter
-
-                self._writer = BackgroundWriter(self, self._queue_size, self._on_full)
+                self._writer = BackgroundWriter(self._write_queued, self._queue_size, self._on_full)
         self._writer.submit(episode)
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -619,14 +622,10 @@ class TraceStore:
 
     def export(self, path: str | os.PathLike, format: str | None = None, **filters: Any) -> int:
         """Write the (filtered) episodes to JSONL (one episode a line) or Parquet; returns the count."""
-        from .files import export_episodes
-
         return export_episodes(self, path, format, **filters)
 
     def import_(self, path: str | os.PathLike, format: str | None = None) -> WriteReport:
         """Validate and add every episode of a JSONL or Parquet file; bad records are refused and reported."""
-        from .files import import_file
-
         return import_file(self, path, format)
 
 
@@ -729,8 +728,6 @@ def _to_data(item: Episode | dict | str | bytes) -> dict:
 
 def _unqueued(item: Any) -> Any:
     """A queued record as submitted (the background queue holds dicts as pickle snapshots)."""
-    from .writer import Snapshot
-
     return item.load() if isinstance(item, Snapshot) else item
 
 
@@ -738,7 +735,7 @@ def _validated(model: type, raw: Any, record: str, field: str):
     try:
         return model.model_validate(raw)
     except ValidationError as e:
-        err = _record_error(e, record)
+        err = record_error(e, record)
         raise RecordError(record, ".".join(p for p in (field, err.field) if p), err.reason) from None
 
 

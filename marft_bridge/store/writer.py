@@ -3,7 +3,8 @@
 Capture hooks run inside the user's application; a slow disk or a bad record must neither block
 nor crash it, so errors are logged and dead-lettered here and never raised into the caller.
 
-The thread writes in groups (``TraceStore._write_queued``: several episodes per transaction).
+The thread hands groups to the ``write`` callback it was given (the store's group commit, several
+episodes per transaction); it knows nothing else of the store.
 Once an episode arrives it waits up to ``linger`` seconds for more before writing them all, so
 under load it wakes, takes the GIL and commits once per group instead of once per episode; a
 ``flush()``, ``close()`` or a full queue ends the wait at once.
@@ -16,10 +17,8 @@ import logging
 import pickle
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .tracestore import TraceStore
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("marft_bridge.store")
 
@@ -28,8 +27,8 @@ MAX_GROUP = 500  # episodes per transaction: keeps other writers' waits for the 
 
 
 class BackgroundWriter:
-    def __init__(self, store: TraceStore, maxsize: int, on_full: str, linger: float = LINGER_S):
-        self._store = store
+    def __init__(self, write: Callable[[list[Any]], None], maxsize: int, on_full: str, linger: float = LINGER_S):
+        self._write = write  # writes one group; expected to log and dead-letter, not raise
         self._items: deque = deque()
         self._maxsize = max(1, maxsize)
         self._on_full = on_full
@@ -108,7 +107,7 @@ class BackgroundWriter:
     def _run(self) -> None:
         while (group := self._take()) is not None:
             try:
-                self._store._write_queued(group)  # logs and dead-letters; raises nothing
+                self._write(group)
             except Exception:  # noqa: BLE001 - never let a bug here kill the writer thread
                 log.exception("trace write failed")
             finally:
