@@ -351,18 +351,19 @@ def test_adapters_versions_history_decisions_and_served_episodes(store, tmp_path
 # -- a big episode -------------------------------------------------------------------------------------
 
 
+def big_episode(n: int = 10_000) -> Episode:
+    """A chain of n actions over four agents, 40 actions a step, every fifth a tool step."""
+    agents = ["a", "b", "c", "d"]
+    actions = [{"id": f"x{k}", "agent": agents[k % 4], "step": k // 40, "kind": "tool" if k % 5 == 0 else "llm",
+                "depends_on": [f"x{k - 1}"] if k else []} for k in range(n)]
+    return Episode(id="big", actions=actions, rewards=[Reward(value=1.0)], started_at=T0 - timedelta(days=1))
+
+
 def test_ten_thousand_actions_graph_collapses_and_actions_page(tmp_path):
     from marft_bridge.store import TraceStore
     from marft_bridge.ui.app import create_app
 
-    agents = ["a", "b", "c", "d"]
-    actions, prev = [], None
-    for k in range(10_000):
-        aid = f"x{k}"
-        actions.append({"id": aid, "agent": agents[k % 4], "step": k // 40, "kind": "tool" if k % 5 == 0 else "llm",
-                        "depends_on": [prev] if prev and k % 40 else ([prev] if prev else [])})
-        prev = aid
-    ep = Episode(id="big", actions=actions, rewards=[Reward(value=1.0)])
+    ep = big_episode()
     with TraceStore.open(tmp_path / "big.db") as store:
         store.add_episode(ep)
         c = client_for(create_app(store))
@@ -377,6 +378,8 @@ def test_ten_thousand_actions_graph_collapses_and_actions_page(tmp_path):
         assert page["total"] == 10_000 and [r["index"] for r in page["items"]] == list(range(9_900, 10_000))
         step = c.get("/api/episodes/big/actions", params={"agent": "b", "step": 3}).json()
         assert [r["id"] for r in step["items"]] == [f"x{k}" for k in range(120, 160) if k % 4 == 1]
+        last = c.get("/api/episodes/big/actions/x9999").json()
+        assert [r["value"] for r in last["rewards"]] == [1.0] and "actions" not in last["rewards"][0]
 
 
 # -- security ------------------------------------------------------------------------------------------

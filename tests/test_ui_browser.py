@@ -18,7 +18,7 @@ import pytest
 
 from marft_bridge.serving.process import free_port
 from marft_bridge.store import TraceStore
-from test_ui_api import expected_edges, fill, tool_episode, write_runs
+from test_ui_api import big_episode, expected_edges, fill, tool_episode, write_runs
 
 CHROMIUM_CANDIDATES = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -49,6 +49,7 @@ def live_ui(tmp_path):
     db = tmp_path / "traces.db"
     with TraceStore.open(db) as store:
         ids = fill(store)
+        store.add_episode(big_episode())
     runs = tmp_path / "runs"
     write_runs(runs)
     state = tmp_path / "service"
@@ -104,8 +105,8 @@ def test_browser_episode_list_graph_action_and_run_plot(chromium, live_ui, tmp_p
             page.goto(url + "/#/episodes")
             expect(page.locator("body[data-ready=episodes]")).to_have_count(1)
             rows = page.locator("#episodes tbody tr[data-episode-id]")
-            expect(rows).to_have_count(3)
-            assert set(rows.evaluate_all("rs => rs.map(r => r.dataset.episodeId)")) == set(ids.values())
+            expect(rows).to_have_count(4)
+            assert set(rows.evaluate_all("rs => rs.map(r => r.dataset.episodeId)")) == set(ids.values()) | {"big"}
             expect(page.locator('[data-counts=agent] .chip[data-value=planner]')).to_have_attribute("data-count", "2")
 
             # Live: an episode stored now appears without a reload.
@@ -155,7 +156,17 @@ def test_browser_episode_list_graph_action_and_run_plot(chromium, live_ui, tmp_p
             page.screenshot(path=str(shot), full_page=True)
             assert shot.stat().st_size > 10_000
 
-            # 4. The training run's plots.
+            # 4. 10k actions: the graph collapses to one node per (step, agent); a node lists its actions.
+            page.goto(url + "/#/episode/big")
+            expect(page.locator("body[data-ready=episode]")).to_have_count(1)
+            expect(page.locator("#graph.collapsed .node[data-group]")).to_have_count(1000)
+            expect(page.locator("#actions tbody tr")).to_have_count(100)  # the first page of the list
+            page.locator('#graph .node[data-group="3/b"]').click()
+            expect(page.locator("#actions tbody tr")).to_have_count(10)
+            page.locator('#actions tr[data-action-id="x121"]').click()
+            expect(page.locator("#action-detail")).to_contain_text("Action #121: b")
+
+            # 5. The training run's plots.
             page.goto(url + "/#/runs")
             page.locator("#runs tr[data-run]").first.click()
             plot = page.locator('#plots svg.plot[data-metric="reward_mean"]')
@@ -164,7 +175,7 @@ def test_browser_episode_list_graph_action_and_run_plot(chromium, live_ui, tmp_p
             expect(plot.locator("polyline.series")).to_have_count(1)
             page.screenshot(path=str(tmp_path / "ui-run.png"), full_page=True)
 
-            # 5. Adapters: the service's decisions (no registry here).
+            # 6. Adapters: the service's decisions (no registry here).
             page.goto(url + "/#/adapters")
             expect(page.locator("#decisions")).to_contain_text("gate passed")
             assert failed == []

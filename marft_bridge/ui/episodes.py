@@ -348,4 +348,4 @@ def action_view(ep: Episode, action_id: str) -> dict:
         lps = a.output.logprobs or [None] * len(a.output.token_ids)
         tokens = [{"id": t, "logprob": lp} for t, lp in zip(a.output.token_ids, lps)]
     return {"index": k, "record": a.model_dump(mode="json"), "dependants": dependants, "tokens": tokens,
-            "rewards": [c for c in credited(ep) if action_id in c["actions"]]}
+            "rewards": [{k: v for k, v in c.items() if k != "actions"} for c in credited(ep) if action_id in c["actions"]]}
