@@ -59,7 +59,7 @@ counted in ``recording.capture_stats()``), and episodes are written through ``st
 
 from __future__ import annotations
 
-from .instrument import capture, instrument, uninstrument
+from .instrumentation import capture, instrument, uninstrument
 from .runs import CaptureHandler, in_captured_task, record_in_current_task
 
 __all__ = ["CaptureHandler", "capture", "in_captured_task", "instrument", "record_in_current_task", "uninstrument"]

@@ -186,9 +186,17 @@ def instrument(app: Any, store: Any = None, reward_fn: Callable[[Any, Any], floa
     return app
 
 
-def uninstrument(app: Any) -> Any:
+def uninstrument(app: Any = None) -> Any:
     """Remove what ``instrument`` added; the app behaves as before it was instrumented. After the
-    last instrumented app (and with no ``capture()`` block open) LangGraph's callables are the originals."""
+    last instrumented app (and with no ``capture()`` block open) LangGraph's callables are the
+    originals. ``uninstrument()`` without an app uninstruments every instrumented app."""
+    if app is None:
+        with _LOCK:
+            apps = list(_APPS)
+        for a in apps:
+            uninstrument(a)
+        _maybe_uninstall()
+        return None
     inst = app.__dict__.pop("_marft_instrumentation", None)
     if inst is not None:
         for m in _METHODS:
