@@ -138,3 +138,53 @@ def test_kv_cached_rollout_logprobs_equal_the_trainer_forward(tiny_model_dir):
     finally:
         hook.remove()
     assert calls[0] == 7 and set(calls[1:]) <= {1}
+
+
+def test_rollback_snapshot_is_on_the_host_and_copies_only_changed_groups():
+    from marft_bridge.trainers.snapshot import RollbackSnapshot
+
+    nets = {g: torch.nn.Linear(3, 2) for g in ("a", "b")}
+    opts = {g: torch.optim.AdamW(n.parameters(), lr=0.1) for g, n in nets.items()}
+    groups = {g: (dict(n.named_parameters()), opts[g]) for g, n in nets.items()}
+
+    def step(g):
+        nets[g](torch.ones(1, 3)).sum().backward()
+        opts[g].step()
+        opts[g].zero_grad()
+
+    for g in nets:
+        step(g)
+    snap = RollbackSnapshot(pin=False)
+    snap.take(groups)
+    stable = {g: [p.detach().clone() for p in n.parameters()] for g, n in nets.items()}
+    moments = {g: opts[g].state_dict()["state"][0]["exp_avg"].clone() for g in nets}
+    assert all(t.device.type == "cpu" for w in snap.weights.values() for t in w.values())
+    assert snap.nbytes() == 2 * (8 * 4 + 2 * 8 * 4 + 2 * 4)  # weights + 2 moments (fp32) + 2 step counters
+    step("a")
+    copied_before = snap.weights["b"]["weight"].data_ptr()
+    snap.take(groups, changed=["a"])  # b did not change: its buffers are not touched
+    assert snap.weights["b"]["weight"].data_ptr() == copied_before
+    stable["a"] = [p.detach().clone() for p in nets["a"].parameters()]
+    moments["a"] = opts["a"].state_dict()["state"][0]["exp_avg"].clone()
+    step("a")
+    step("a")
+    snap.restore(groups, which=["a"])
+    for g in nets:
+        assert all(torch.equal(p, q) for p, q in zip(nets[g].parameters(), stable[g]))
+        assert torch.equal(opts[g].state_dict()["state"][0]["exp_avg"], moments[g])
+    step("a")  # the restored optimiser state is its own (not the snapshot's buffers)
+    assert torch.equal(snap.weights["a"]["weight"], stable["a"][0])
+
+
+def test_trainable_head_takes_the_checkpointed_path_with_equal_gradients():
+    g = torch.Generator().manual_seed(1)
+    head = torch.nn.Linear(8, 30, bias=False).double()  # e.g. LoRA on lm_head: the head itself needs a gradient
+    h = torch.randn(11, 8, generator=g, dtype=torch.float64).requires_grad_()
+    targets = torch.randint(0, 30, (11,), generator=g)
+    temp = torch.full((11,), 0.5, dtype=torch.float64)
+    lp_full, ent_full = full_logprobs(h, head, targets, temp)
+    full = torch.autograd.grad(lp_full.sum() - 0.3 * ent_full.sum(), [h, head.weight])
+    lp, ent = chunked_logprobs(h, head, targets, temp, 4, with_entropy=True)
+    chunked = torch.autograd.grad(lp.sum() - 0.3 * ent.sum(), [h, head.weight])
+    for a, b in zip(chunked, full):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)

@@ -11,6 +11,8 @@ critic costs only its head.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from .policy import CRITIC_ADAPTER, MultiAgentPolicy, Packed
@@ -40,7 +42,8 @@ def features(h: torch.Tensor, packed: Packed, token_level: bool) -> torch.Tensor
 def values(policy: MultiAgentPolicy, head: ValueHead, packed: Packed, token_level: bool) -> torch.Tensor:
     """Values through the critic backbone (critic adapter, or the frozen base) and the head."""
     adapter = CRITIC_ADAPTER if policy.config.critic_backbone == "lora" else None
-    with policy.activate(adapter):
+    train = adapter is not None and torch.is_grad_enabled()  # gradient pass: checkpointing on
+    with policy.activate(adapter), (policy.grad_mode() if train else nullcontext()):
         h = policy.hidden(packed)
     return head(features(h, packed, token_level))
 

@@ -6,12 +6,19 @@ the sampling temperatures T (N,), chunk by chunk of at most ``chunk_tokens`` row
     z      = (h W^T + b) / T                       (n, V) fp32, only this chunk's
     lse    = logsumexp_v z_v
     logp   = z_y - lse                             log pi(y | context) under logits / T
-    H      = lse - sum_v softmax(z)_v z_v          = -sum_v p_v log p_v
+    H      = lse - sum_v p_v z_v,  p = softmax(z)  = -sum_v p_v log p_v
 
-In the gradient pass each chunk runs under activation checkpointing, so backward keeps only the
-chunk's input rows and recomputes its logits: peak memory is a few (chunk_tokens x V) fp32
-buffers whatever the batch. At a 151,936-token vocabulary one 1,024-row chunk is 0.6 GB per copy;
-a 32k-token minibatch unchunked would be 20 GB per copy.
+The gradient pass saves only h (a custom autograd function, i.e. activation checkpointing of the
+head): backward recomputes each chunk's z and applies the closed forms, with a = dL/dlogp and
+b = dL/dH per row,
+
+    dlogp/dz_v = [v = y] - p_v         dH/dz_v = -p_v (z_v - sum_u p_u z_u)
+    dL/dh      = (1/T) (a ([v = y] - p) - b p (z - E_p z)) W
+
+in place in two (n, V) fp32 buffers. Peak memory is two to three (chunk_tokens x V) fp32 buffers
+whatever the batch: at a 151,936-token vocabulary and 512-row chunks, under 1 GB; a 32k-token minibatch
+unchunked would be 20 GB per copy. A trainable or wrapped LM head (LoRA on ``lm_head``) takes the
+generic path: the same formulas through autograd under ``torch.utils.checkpoint`` per chunk.
 """
 
 from __future__ import annotations
@@ -20,51 +27,98 @@ import torch
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-DEFAULT_CHUNK_TOKENS = 1024
+DEFAULT_CHUNK_TOKENS = 512
 
 
-def _logits(h, weight, bias, temperature):
-    z = F.linear(h, weight, bias)  # (n, V), bf16 on CUDA
-    return z.to(torch.promote_types(z.dtype, torch.float32)) / temperature[:, None]  # fp32 (or fp64) math
+def _logits(h, head, temperature, inplace=False):
+    z = head(h)  # (n, V), bf16 on CUDA
+    z = z.to(torch.promote_types(z.dtype, torch.float32))  # fp32 (fp64) math
+    return z.div_(temperature[:, None]) if inplace else z / temperature[:, None]
 
 
-def _chunk_logp(h, weight, bias, targets, temperature):
-    z = _logits(h, weight, bias, temperature)  # (n, V)
-    lse = torch.logsumexp(z, dim=-1)  # (n,)
-    return z.gather(-1, targets[:, None]).squeeze(-1) - lse
+def _expect(p, z):
+    return torch.bmm(p[:, None, :], z[:, :, None]).view(-1)  # sum_v p_v z_v without an (n, V) product
 
 
-def _chunk_logp_entropy(h, weight, bias, targets, temperature):
-    z = _logits(h, weight, bias, temperature)  # (n, V)
-    lse = torch.logsumexp(z, dim=-1)  # (n,)
+def _lse_softmax(z):
+    """(logsumexp (n,), softmax (n, V)) with one (n, V) buffer besides z (torch.logsumexp takes two)."""
+    m = z.amax(dim=-1, keepdim=True)  # (n, 1)
+    e = (z - m).exp_()
+    total = e.sum(dim=-1, keepdim=True)
+    return (total.log() + m).squeeze(-1), e.div_(total)
+
+
+def _stats(h, head, targets, temperature, with_entropy, inplace=False):
+    # In place (outside autograd) at most two (n, V) buffers are alive at once: z and p.
+    z = _logits(h, head, temperature, inplace)  # (n, V)
+    if inplace:
+        lse, p = _lse_softmax(z)
+    else:
+        lse, p = torch.logsumexp(z, dim=-1), None
     logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
-    ent = lse - (torch.softmax(z, dim=-1) * z).sum(-1)  # H = lse - E_p[z]
-    return logp, ent
+    if not with_entropy:
+        return logp, None
+    return logp, lse - _expect(torch.softmax(z, dim=-1) if p is None else p, z)
+
+
+class _FrozenHead(torch.autograd.Function):
+    """log-prob and entropy through a frozen Linear head; backward recomputes z chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, targets, temperature, chunk, with_entropy):
+        head = lambda x: F.linear(x, weight, bias)  # noqa: E731
+        outs = [_stats(h[s:s + chunk], head, targets[s:s + chunk], temperature[s:s + chunk], with_entropy, True)
+                for s in range(0, h.shape[0], chunk)]
+        ctx.save_for_backward(h, weight, bias, targets, temperature)
+        ctx.chunk = chunk
+        logp = torch.cat([o[0] for o in outs])
+        ent = torch.cat([o[1] for o in outs]) if with_entropy else logp.new_zeros(0)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        h, weight, bias, targets, temperature = ctx.saved_tensors
+        chunk, grads = ctx.chunk, []
+        for s in range(0, h.shape[0], chunk):
+            sl = slice(s, s + chunk)
+            a, y, t = g_logp[sl, None], targets[sl, None], temperature[sl, None]
+            z = _logits(h[sl], lambda x: F.linear(x, weight, bias), temperature[sl], inplace=True)  # (n, V)
+            p = _lse_softmax(z)[1]  # (n, V)
+            if g_ent.numel():
+                b = g_ent[sl, None]
+                gz = z.sub_(_expect(p, z)[:, None]).mul_(-b).sub_(a).mul_(p)  # -b p (z - Ez) - a p
+            else:
+                gz = p.mul_(-a)
+            gz.scatter_add_(1, y, a).div_(t)  # + a [v = y]; through z = logits / T
+            grads.append((gz.to(weight.dtype) @ weight).to(h.dtype))  # (n, H)
+            del z, p, gz  # before the next chunk allocates its own
+        return torch.cat(grads), None, None, None, None, None, None
 
 
 def chunked_logprobs(h: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, temperature: torch.Tensor,
                      chunk_tokens: int = DEFAULT_CHUNK_TOKENS, with_entropy: bool = False):
-    """(logp (N,), entropy (N,) or None) for the rows ``h`` (N, H) through ``lm_head`` (a Linear).
+    """(logp (N,), entropy (N,) or None) for the rows ``h`` (N, H) through ``lm_head``.
 
-    Under autograd every chunk is checkpointed (recomputed in backward); without it, chunks simply
-    run one after another and free their logits.
+    Without autograd the chunks simply run one after another and free their logits.
     """
     if chunk_tokens < 1:
         raise ValueError(f"logits_chunk_tokens must be >= 1, got {chunk_tokens}")
-    weight, bias = lm_head.weight, lm_head.bias
-    h = h.to(weight.dtype)
-    fn = _chunk_logp_entropy if with_entropy else _chunk_logp
-    grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
-    logps, ents = [], []
-    for s in range(0, h.shape[0], chunk_tokens):
-        args = (h[s:s + chunk_tokens], weight, bias, targets[s:s + chunk_tokens], temperature[s:s + chunk_tokens])
-        out = checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args)
-        if with_entropy:
-            logps.append(out[0])
-            ents.append(out[1])
-        else:
-            logps.append(out)
-    if not logps:  # no action tokens
-        empty = h.new_zeros(0, dtype=torch.float32)
+    if h.shape[0] == 0:  # no action tokens
+        empty = h.new_zeros(0, dtype=torch.promote_types(h.dtype, torch.float32))
         return empty, (empty if with_entropy else None)
-    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
+    params = list(lm_head.parameters())
+    frozen_linear = type(lm_head) is torch.nn.Linear and not any(p.requires_grad for p in params)
+    if frozen_linear:
+        h = h.to(lm_head.weight.dtype)
+    if frozen_linear and torch.is_grad_enabled() and h.requires_grad:
+        logp, ent = _FrozenHead.apply(h, lm_head.weight, lm_head.bias, targets, temperature, chunk_tokens,
+                                      with_entropy)
+        return logp, (ent if with_entropy else None)
+    grad = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in params))
+    outs = []
+    for s in range(0, h.shape[0], chunk_tokens):
+        args = (h[s:s + chunk_tokens], lm_head, targets[s:s + chunk_tokens], temperature[s:s + chunk_tokens],
+                with_entropy)
+        outs.append(checkpoint(_stats, *args, use_reentrant=False) if grad else _stats(*args, inplace=True))
+    logp = torch.cat([o[0] for o in outs])
+    return logp, (torch.cat([o[1] for o in outs]) if with_entropy else None)

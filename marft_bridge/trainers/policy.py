@@ -89,6 +89,17 @@ def pack(obs: list[list[int]], acts: list[list[int]], pad_id: int, device) -> Pa
                   (olen - 1).to(device))
 
 
+class _TrainMode:
+    def __init__(self, model):
+        self.model = model
+
+    def __enter__(self):
+        self.model.train()
+
+    def __exit__(self, *exc):
+        self.model.eval()
+
+
 def _load_base(path, dtype):
     from transformers import AutoModelForCausalLM
 
@@ -174,6 +185,11 @@ class MultiAgentPolicy:
             return self.model.disable_adapter()
         self.model.set_adapter(adapter)
         return nullcontext()
+
+    def grad_mode(self):
+        """Context for a gradient pass: train mode (gradient checkpointing and LoRA dropout are active
+        only in train mode), back to eval afterwards."""
+        return _TrainMode(self.model)
 
     def autocast(self):
         """bf16 autocast on CUDA (base and LoRA matmuls; fp32 master weights stay fp32), else nothing."""
