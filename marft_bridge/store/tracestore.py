@@ -13,67 +13,31 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import logging
 import os
-import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from datetime import datetime, timezone
-from pathlib import Path
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from pydantic import ValidationError
-from pydantic_core import PydanticSerializationError
 
 from ..errors import MarftError, RecordError
-from ..schema import Action, Episode, Reward, record_error, episode_data, parse_episode
+from ..schema import Episode, Reward, parse_episode, record_error
 from . import tables as t
+from .engines import NEW_EPISODES, create_engines, normalize_url, short_error, sqlite_run, write_sql
 from .files import export_episodes, import_file
 from .records import DeadLetter, EpisodeNotFound, Refusal, WriteReport
+from .rows import Rows, episode_rows, filter_clauses, from_epoch, listing, merge_halves, reward_row, safe_dumps, to_data
 from .writer import BackgroundWriter, Snapshot
 
 log = logging.getLogger("marft_bridge.store")
 
-DEFAULT_PATH = Path(".marft") / "traces.db"
 # A dead letter keeps the raw record for inspection, but not an unbounded one.
 MAX_DEAD_LETTER_CHARS = 1_000_000
 _READ_CHUNK = 200
-# Key of the plain episode INSERT in ``TraceStore._sql`` (ids known to be new; SQLite group writes).
-_NEW_EPISODES = "new episodes"
-
-
-def normalize_url(url: str | os.PathLike | None) -> str:
-    """None -> the default SQLite file; a path -> SQLite file; ``postgresql://`` -> the psycopg driver."""
-    if url is None:
-        url = os.environ.get("MARFT_STORE") or DEFAULT_PATH
-    if isinstance(url, os.PathLike) or "://" not in str(url):
-        return "sqlite:///" + str(Path(url).expanduser().absolute())
-    url = str(url)
-    for prefix in ("postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix):]
-    return url
-
-
-def _epoch(dt: datetime | float | int | str | None) -> float | None:
-    """UTC epoch seconds for a time filter or column; naive datetimes are taken as UTC."""
-    if dt is None:
-        return None
-    if isinstance(dt, (int, float)):
-        return float(dt)
-    if isinstance(dt, str):
-        try:
-            dt = datetime.fromisoformat(dt)
-        except ValueError:
-            raise MarftError(f"not an ISO date/time: {dt!r}") from None
-    if not isinstance(dt, datetime):
-        raise MarftError(f"expected a datetime, epoch seconds or ISO text, not {type(dt).__name__}")
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.timestamp()
 
 
 class TraceStore:
@@ -88,14 +52,14 @@ class TraceStore:
         self._writer_lock = threading.Lock()
         self._dropped_closed = 0
         self._closed = False
-        self._engine, self._reader = _create_engines(url)
+        self._engine, self._reader = create_engines(url)
         # For display and logs: a password in the URL is masked.
         self.url = self._engine.url.render_as_string(hide_password=True)
         self.is_postgres = self._engine.dialect.name == "postgresql"
         # A new id inserts (and returns it); an existing one returns nothing and is merged instead.
         dialect = importlib.import_module(f"sqlalchemy.dialects.{'postgresql' if self.is_postgres else 'sqlite'}")
         insert_new = dialect.insert(t.episodes).on_conflict_do_nothing(index_elements=["id"]).returning(t.episodes.c.id)
-        self._sql = _write_sql(self._engine.dialect, insert_new)
+        self._sql = write_sql(self._engine.dialect, insert_new)
         self._init_schema()
 
     @classmethod
@@ -131,7 +95,7 @@ class TraceStore:
                     conn.execute(t.meta.insert().values(key="store_schema_version", value=str(t.STORE_SCHEMA_VERSION)))
         except sa.exc.SQLAlchemyError as e:
             self._dispose()
-            raise MarftError(f"cannot open trace store {self.url}: {_short(e)}") from None
+            raise MarftError(f"cannot open trace store {self.url}: {short_error(e)}") from None
         found = int(row.value) if row is not None else t.STORE_SCHEMA_VERSION
         if found != t.STORE_SCHEMA_VERSION:
             self._dispose()
@@ -153,10 +117,10 @@ class TraceStore:
         """
         self._check_open()
         try:
-            data = _to_data(episode)
+            data = to_data(episode)
             try:
                 ep, err = parse_episode(data), None
-                rows = _episode_rows(ep)
+                rows = episode_rows(ep)
             except RecordError as e:
                 # Half of an episode may depend on actions of the stored half: judge the merge.
                 ep, rows, err = None, None, e
@@ -180,13 +144,13 @@ class TraceStore:
         """
         # The group keeps the queued snapshots (bytes), not the loaded dicts nor the validated
         # Episodes: thousands of live containers would set off the cyclic GC in the app's time.
-        group: list[tuple[str, _Rows, Any]] = []
+        group: list[tuple[str, Rows, Any]] = []
         for item in items:
             try:
                 data = _unqueued(item)
                 # JSON (a submitted Episode is queued as JSON) is parsed and validated in one pass in Rust.
-                ep = Episode.model_validate_json(data) if isinstance(data, (bytes, str)) else parse_episode(_to_data(data))
-                group.append((ep.id, _episode_rows(ep), item))
+                ep = Episode.model_validate_json(data) if isinstance(data, (bytes, str)) else parse_episode(to_data(data))
+                group.append((ep.id, episode_rows(ep), item))
             except (RecordError, ValidationError):
                 self._write_group(group)
                 group = []
@@ -197,7 +161,7 @@ class TraceStore:
                 self.dead_letter(RecordError(None, None, f"cannot be read back from the write queue: {e}"), repr(item))
         self._write_group(group)
 
-    def _write_group(self, group: list[tuple[str, _Rows, Any]]) -> None:
+    def _write_group(self, group: list[tuple[str, Rows, Any]]) -> None:
         if not group:
             return
         try:
@@ -216,7 +180,7 @@ class TraceStore:
         except Exception:  # noqa: BLE001 - never let one bad write stop the writer
             log.exception("trace write failed")
 
-    def _write_new_episodes(self, conn: sa.Connection, group: list[tuple[str, _Rows, Any]]) -> None:
+    def _write_new_episodes(self, conn: sa.Connection, group: list[tuple[str, Rows, Any]]) -> None:
         """Validated episodes in one transaction, rows of new episodes in one executemany per table;
         an id already stored (or earlier in the group) is merged in its place in the order.
 
@@ -228,12 +192,12 @@ class TraceStore:
         if not self.is_postgres:
             ids = list({eid for eid, _, _ in group})
             stored = {r[0] for r in conn.execute(sa.select(t.episodes.c.id).where(t.episodes.c.id.in_(ids)))}
-        batch = _Rows([], [], [], [])
+        batch = Rows([], [], [], [])
         changes: list[dict] = []
 
         def write_batch() -> None:
             if batch.episode:
-                self._insert(conn, _NEW_EPISODES, batch.episode)
+                self._insert(conn, NEW_EPISODES, batch.episode)
             self._insert_children(conn, batch)
             if changes:
                 self._log_changes(conn, changes)
@@ -256,7 +220,7 @@ class TraceStore:
                 changes.append({"episode_id": eid, "kind": "add", "created_at": now})
                 continue
             write_batch()  # the merge reads the stored episode: everything before it is written first
-            if not self._merge_tx(conn, eid, _to_data(_unqueued(item))):
+            if not self._merge_tx(conn, eid, to_data(_unqueued(item))):
                 raise MarftError(f"episode {eid} is neither new nor stored")
         write_batch()
 
@@ -293,7 +257,7 @@ class TraceStore:
                 raise record_error(e, f"{name} reward") from None
             self._retry(lambda conn: self._insert_reward(conn, episode_id, reward))
         except RecordError as e:
-            self.dead_letter(e, _safe_dumps(raw))
+            self.dead_letter(e, safe_dumps(raw))
             raise
         return reward
 
@@ -316,7 +280,7 @@ class TraceStore:
             ).first()
             if known is None:
                 raise RecordError(name, "reward.action_id", f"unknown action id {reward.action_id!r}")
-        self._insert(conn, t.rewards, [_reward_row(episode_id, row.n_rewards, reward)])
+        self._insert(conn, t.rewards, [reward_row(episode_id, row.n_rewards, reward)])
         conn.execute(
             t.episodes.update().where(t.episodes.c.id == episode_id).values(n_rewards=row.n_rewards + 1)
         )
@@ -332,7 +296,7 @@ class TraceStore:
                 return
             except (sa.exc.IntegrityError, sa.exc.OperationalError) as e:
                 if attempt == 4:
-                    raise MarftError(f"trace store write failed: {_short(e)}") from None
+                    raise MarftError(f"trace store write failed: {short_error(e)}") from None
                 time.sleep(0.05 * (attempt + 1))
 
     @contextlib.contextmanager
@@ -341,7 +305,7 @@ class TraceStore:
         merges cannot deadlock on a lock upgrade."""
         with self._engine.begin() as conn:
             if not self.is_postgres:
-                _sqlite_run(conn, "BEGIN IMMEDIATE")
+                sqlite_run(conn, "BEGIN IMMEDIATE")
             yield conn
 
     def _insert(self, conn: sa.Connection, table: sa.Table | str, params: dict | list[dict]) -> Any:
@@ -349,13 +313,13 @@ class TraceStore:
         if self.is_postgres:  # through SQLAlchemy, which also notices a dropped server connection
             result = conn.exec_driver_sql(self._sql[table], params)
             return result.first() if result.returns_rows else None
-        return _sqlite_run(conn, self._sql[table], params)
+        return sqlite_run(conn, self._sql[table], params)
 
     def _lock_episode(self, episode_id: str) -> sa.Select:
         q = sa.select(t.episodes.c.id, t.episodes.c.n_actions, t.episodes.c.n_rewards).where(t.episodes.c.id == episode_id)
         return q.with_for_update() if self.is_postgres else q
 
-    def _write_episode_tx(self, conn: sa.Connection, ep: Episode | None, rows: _Rows | None, data: dict,
+    def _write_episode_tx(self, conn: sa.Connection, ep: Episode | None, rows: Rows | None, data: dict,
                           err: RecordError | None) -> None:
         if rows is not None and self._insert(conn, t.episodes, rows.episode) is not None:
             self._insert_children(conn, rows)
@@ -370,15 +334,15 @@ class TraceStore:
         if conn.execute(self._lock_episode(eid)).first() is None:
             return False
         old = self._load(conn, [eid])[0]
-        merged, new_actions, new_rewards = _merge(old, data)
-        rows = _episode_rows(merged, new_actions, new_rewards, len(old.actions), len(old.rewards))
+        merged, new_actions, new_rewards = merge_halves(old, data)
+        rows = episode_rows(merged, new_actions, new_rewards, len(old.actions), len(old.rewards))
         rows.agents = [r for r in rows.agents if r["agent"] not in old.agents]
         conn.execute(t.episodes.update().where(t.episodes.c.id == eid).values(rows.episode))
         self._insert_children(conn, rows)
         self._log_change(conn, eid, "merge")
         return True
 
-    def _insert_children(self, conn: sa.Connection, rows: _Rows) -> None:
+    def _insert_children(self, conn: sa.Connection, rows: Rows) -> None:
         for table, batch in ((t.episode_agents, rows.agents), (t.actions, rows.actions), (t.rewards, rows.rewards)):
             if batch:
                 self._insert(conn, table, batch)
@@ -397,7 +361,7 @@ class TraceStore:
         """Keep a refused record with the reason (``dead_letters()`` lists them); ``raw`` is the record
         as text, bytes or a JSON-able object, capped at MAX_DEAD_LETTER_CHARS. Never raises for a
         database error: the refusal itself is what the caller reports."""
-        text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace") if isinstance(raw, bytes) else _safe_dumps(raw)
+        text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace") if isinstance(raw, bytes) else safe_dumps(raw)
         if len(text) > MAX_DEAD_LETTER_CHARS:
             text = text[:MAX_DEAD_LETTER_CHARS] + f"... [truncated, {len(text)} chars in all]"
         try:
@@ -408,7 +372,7 @@ class TraceStore:
                     )
                 )
         except sa.exc.SQLAlchemyError as e:  # the refusal itself still reaches the caller
-            log.error("could not keep dead letter for %s: %s", err, _short(e))
+            log.error("could not keep dead letter for %s: %s", err, short_error(e))
 
     # -- background writes ---------------------------------------------------------------------
 
@@ -492,7 +456,7 @@ class TraceStore:
     ) -> Iterator[Episode]:
         """Stored episodes by start time, filtered; ``since`` inclusive, ``until`` exclusive."""
         self._check_open()
-        q = _listing([t.episodes.c.id], _filters(source, agent, since, until, has_reward), limit, newest_first)
+        q = listing([t.episodes.c.id], filter_clauses(source, agent, since, until, has_reward), limit, newest_first)
         with self._reader.connect() as conn:
             ids = list(conn.execute(q).scalars())
         for i in range(0, len(ids), _READ_CHUNK):
@@ -507,7 +471,7 @@ class TraceStore:
         newest_first = filters.pop("newest_first", False)
         e = t.episodes.c
         cols = [e.id, e.source, e.status, e.started_at, e.ended_at, e.n_actions, e.n_rewards]
-        q = _listing(cols, _filters(**filters), limit, newest_first)
+        q = listing(cols, filter_clauses(**filters), limit, newest_first)
         with self._reader.connect() as conn:
             rows = [dict(r._mapping) for r in conn.execute(q)]
             ids = [r["id"] for r in rows]
@@ -532,7 +496,7 @@ class TraceStore:
         has_reward: bool | None = None,
     ) -> int:
         self._check_open()
-        q = sa.select(sa.func.count()).select_from(t.episodes).where(*_filters(source, agent, since, until, has_reward))
+        q = sa.select(sa.func.count()).select_from(t.episodes).where(*filter_clauses(source, agent, since, until, has_reward))
         with self._reader.connect() as conn:
             return int(conn.execute(q).scalar_one())
 
@@ -556,8 +520,8 @@ class TraceStore:
                 "dropped": self.dropped,
             }
             lo, hi = conn.execute(sa.select(sa.func.min(e.started_at), sa.func.max(e.started_at))).one()
-            out["first_started_at"] = _from_epoch(lo)
-            out["last_started_at"] = _from_epoch(hi)
+            out["first_started_at"] = from_epoch(lo)
+            out["last_started_at"] = from_epoch(hi)
             out["sources"] = {s: int(c) for s, c in conn.execute(
                 sa.select(e.source, sa.func.count()).group_by(e.source).order_by(e.source))}
             agents: dict[str, dict[str, int]] = {}
@@ -577,7 +541,7 @@ class TraceStore:
         with self._reader.connect() as conn:
             return [
                 DeadLetter(seq=r.seq, record=r.record, field=r.field, reason=r.reason, raw=r.raw,
-                           created_at=_from_epoch(r.created_at))
+                           created_at=from_epoch(r.created_at))
                 for r in conn.execute(q)
             ]
 
@@ -632,227 +596,7 @@ class TraceStore:
 # -- helpers -----------------------------------------------------------------------------------
 
 
-def _create_engines(url: str) -> tuple[sa.Engine, sa.Engine]:
-    """(writer, reader) engines. SQLite readers use plain deferred transactions in WAL mode; writers
-    issue their own BEGIN IMMEDIATE (``TraceStore._write_tx``)."""
-    try:
-        u = sa.make_url(url)
-    except sa.exc.ArgumentError:
-        raise MarftError(f"not a store URL or path: {url!r}") from None
-    if u.get_backend_name() not in ("sqlite", "postgresql"):
-        raise MarftError(f"cannot use store URL {u.render_as_string(hide_password=True)}: the trace store runs on "
-                         "SQLite (a path or sqlite:///...) or PostgreSQL (postgresql://...)")
-    if u.get_backend_name() == "postgresql":
-        try:
-            engine = sa.create_engine(u, pool_pre_ping=True)
-        except (ImportError, sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as e:
-            raise MarftError(f"cannot use store URL {u.render_as_string(hide_password=True)}: {e}") from None
-        return engine, engine
-    if u.database in (None, "", ":memory:"):
-        # The background writer and readers need connections of their own to one database.
-        raise MarftError("an in-memory SQLite trace store is not supported; give a file path (a temporary one is fine)")
-    try:
-        Path(u.database).parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise MarftError(f"cannot create the trace store directory for {u.database}: {e}") from None
-
-    def make(begin: str | None) -> sa.Engine:
-        engine = sa.create_engine(u, connect_args={"check_same_thread": False, "timeout": 30})
-
-        @sa.event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn, _record):
-            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (below, or in _write_tx)
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.close()
-
-        if begin is not None:
-            @sa.event.listens_for(engine, "begin")
-            def _on_begin(conn):
-                conn.exec_driver_sql(begin)
-
-        return engine
-
-    # No "begin" hook on the writer: any engine-level event makes SQLAlchemy dispatch events around
-    # every statement, which the ingest path would pay for on each insert.
-    return make(None), make("BEGIN")
-
-
-def _write_sql(dialect: sa.Dialect, insert_new: sa.Insert) -> dict[sa.Table | str, str]:
-    """The write path's INSERTs as driver SQL, compiled once from the table definitions.
-
-    Run as driver SQL they skip SQLAlchemy's per-call statement compilation and parameter
-    processing, which cost more than the inserts themselves. Parameters are named so
-    the same row dicts feed SQLite (``:name``) and psycopg (``%(name)s``); ``insert_new`` is the
-    episode insert that returns the id only when it is new.
-    """
-    if dialect.paramstyle == "qmark":
-        dialect = type(dialect)(paramstyle="named")
-    keys = {t.changes: ["episode_id", "kind", "created_at"]}  # seq is assigned by the database
-    sql = {
-        table: str(table.insert().compile(dialect=dialect, column_keys=keys.get(table), for_executemany=True))
-        for table in (t.episode_agents, t.actions, t.rewards, t.changes)
-    }
-    sql[t.episodes] = str(insert_new.compile(dialect=dialect))
-    sql[_NEW_EPISODES] = str(t.episodes.insert().compile(dialect=dialect, for_executemany=True))
-    return sql
-
-
-def _sqlite_run(conn: sa.Connection, sql: str, params: dict | list[dict] | None = None) -> Any:
-    """Run driver SQL on the DBAPI cursor inside ``conn``'s transaction (a list of params: executemany).
-
-    SQLAlchemy's per-statement bookkeeping costs more than a small SQLite insert, so the write path
-    skips it; errors are wrapped as SQLAlchemy's, so retries and messages stay the same.
-    """
-    raw = conn.connection.driver_connection
-    try:
-        if isinstance(params, list):
-            raw.executemany(sql, params)
-            return None
-        return raw.execute(sql, params or ()).fetchone()
-    except sqlite3.Error as e:
-        raise sa.exc.DBAPIError.instance(sql, params, e, sqlite3.Error) from e
-
-
-def _to_data(item: Episode | dict | str | bytes) -> dict:
-    """The raw episode as a dict (JSON decoded, Episode dumped); RecordError if it is not one."""
-    if isinstance(item, Episode):
-        try:
-            return item.model_dump()  # python mode: validating it back is twice as fast as JSON mode
-        except Exception as e:  # noqa: BLE001 - a mutated object may hold anything
-            raise RecordError(f"episode {item.id}", None, f"cannot serialize: {e}") from None
-    return episode_data(item)
-
-
 def _unqueued(item: Any) -> Any:
     """A queued record as submitted (the background queue holds dicts as pickle snapshots)."""
     return item.load() if isinstance(item, Snapshot) else item
 
-
-def _validated(model: type, raw: Any, record: str, field: str):
-    try:
-        return model.model_validate(raw)
-    except ValidationError as e:
-        err = record_error(e, record)
-        raise RecordError(record, ".".join(p for p in (field, err.field) if p), err.reason) from None
-
-
-def _merge(old: Episode, new: dict) -> tuple[Episode, list[Action], list[Reward]]:
-    """Append the new half's actions and rewards to the stored episode; identical re-sent records
-    are skipped (a retried write is harmless), different ones with a stored id are refused."""
-    name = f"episode {old.id}"
-    parts = {}
-    for key, model, stored in (("actions", Action, old.actions), ("rewards", Reward, old.rewards)):
-        raw = new.get(key) or []
-        if not isinstance(raw, list):
-            raise RecordError(name, key, f"must be a list, not {type(raw).__name__}")
-        by_id = {r.id: r for r in stored}
-        fresh = []
-        for k, item in enumerate(raw):
-            rec = _validated(model, item, name, f"{key}.{k}")
-            if rec.id in by_id:
-                # Compare only what was sent: a default like created_at=now differs on every resend.
-                if any(getattr(by_id[rec.id], f) != getattr(rec, f) for f in rec.model_fields_set):
-                    raise RecordError(name, f"{key}.{k}.id", f"{key[:-1]} {rec.id!r} is already stored with other content")
-                continue
-            fresh.append(rec)
-        parts[key] = fresh
-    data = old.model_dump(mode="json")
-    data["actions"] += [a.model_dump(mode="json") for a in parts["actions"]]
-    data["rewards"] += [r.model_dump(mode="json") for r in parts["rewards"]]
-    agents = new.get("agents") or []
-    data["agents"] = list(dict.fromkeys(old.agents + (agents if isinstance(agents, list) else [agents])))
-    for key in ("status", "ended_at", "task"):
-        if new.get(key) is not None:
-            data[key] = new[key]
-    meta = new.get("metadata") or {}
-    data["metadata"] = {**data["metadata"], **meta} if isinstance(meta, dict) else meta
-    if "schema_version" in new:
-        data["schema_version"] = new["schema_version"]
-    return parse_episode(data), parts["actions"], parts["rewards"]
-
-
-class _Rows:
-    """The rows one episode write inserts, serialized before the transaction starts."""
-
-    __slots__ = ("episode", "agents", "actions", "rewards")
-
-    def __init__(self, episode: dict, agents: list[dict], actions: list[dict], rewards: list[dict]):
-        self.episode, self.agents, self.actions, self.rewards = episode, agents, actions, rewards
-
-
-def _episode_rows(ep: Episode, actions: list[Action] | None = None, rewards: list[Reward] | None = None,
-                  action_start: int = 0, reward_start: int = 0) -> _Rows:
-    """Rows for ``ep`` (or, when merging, for its new ``actions``/``rewards`` from the given positions)."""
-    actions = ep.actions if actions is None else actions
-    rewards = ep.rewards if rewards is None else rewards
-    to_json = Action.__pydantic_serializer__.to_json  # model_dump_json's keyword handling costs per call
-    try:
-        body = ep.model_dump_json(exclude={"actions", "rewards"})
-        action_rows = [
-            {"episode_id": ep.id, "seq": action_start + k, "id": a.id, "agent": a.agent, "step": a.step, "kind": a.kind,
-             "body": to_json(a).decode()}
-            for k, a in enumerate(actions)
-        ]
-        reward_rows = [_reward_row(ep.id, reward_start + k, r) for k, r in enumerate(rewards)]
-    except PydanticSerializationError as e:
-        raise RecordError(f"episode {ep.id}", None, f"cannot be stored as JSON: {e}") from None
-    episode_row = {
-        "id": ep.id,
-        "source": ep.source,
-        "status": ep.status,
-        "started_at": _epoch(ep.started_at),
-        "ended_at": _epoch(ep.ended_at),
-        "n_actions": len(ep.actions),
-        "n_rewards": len(ep.rewards),
-        "body": body,
-    }
-    return _Rows(episode_row, [{"episode_id": ep.id, "agent": a} for a in ep.agents], action_rows, reward_rows)
-
-
-def _reward_row(episode_id: str, seq: int, r: Reward) -> dict:
-    return {"episode_id": episode_id, "seq": seq, "id": r.id, "agent": r.agent, "action_id": r.action_id,
-            "value": r.value, "source": r.source, "body": r.model_dump_json()}
-
-
-def _filters(source=None, agent=None, since=None, until=None, has_reward=None) -> list:
-    e = t.episodes.c
-    where = []
-    if source is not None:
-        where.append(e.source == source)
-    if agent is not None:
-        where.append(e.id.in_(sa.select(t.episode_agents.c.episode_id).where(t.episode_agents.c.agent == agent)))
-    if since is not None:
-        where.append(e.started_at >= _epoch(since))
-    if until is not None:
-        where.append(e.started_at < _epoch(until))
-    if has_reward is not None:
-        where.append(e.n_rewards > 0 if has_reward else e.n_rewards == 0)
-    return where
-
-
-def _listing(columns: list, where: list, limit: int | None, newest_first: bool) -> sa.Select:
-    """SELECT of episode columns, filtered, by start time (id breaks ties), at most ``limit`` rows."""
-    e = t.episodes.c
-    order = (e.started_at.desc(), e.id.desc()) if newest_first else (e.started_at, e.id)
-    q = sa.select(*columns).where(*where).order_by(*order)
-    return q if limit is None else q.limit(limit)
-
-
-def _from_epoch(x: float | None) -> datetime | None:
-    return None if x is None else datetime.fromtimestamp(x, timezone.utc)
-
-
-def _safe_dumps(obj: Any) -> str:
-    try:
-        if isinstance(obj, Episode):
-            return obj.model_dump_json()
-        return json.dumps(obj, default=repr, ensure_ascii=False)
-    except Exception:  # noqa: BLE001 - keep whatever we can of a broken record
-        return repr(obj)
-
-
-def _short(e: Exception) -> str:
-    return str(getattr(e, "orig", None) or e).strip().splitlines()[0]
