@@ -12,12 +12,23 @@ Spans -> Episodes
     - OpenInference (``openinference.span.kind`` LLM/TOOL; agent from the ``agent_name`` metadata
       or the LangGraph node path in ``langgraph_checkpoint_ns``; step from ``langgraph_step``);
     - our own emitted spans (``marft.*``: exact ids, steps, dependencies, token ids, versions).
+    Messages: ``text`` parts -> content, ``tool_call`` parts -> assistant ``tool_calls``,
+    ``tool_call_response`` parts -> tool messages (``tool_call_id`` = the part's id, content = its
+    result); other part types are kept as text and counted (``capture_stats()`` under
+    ``otel.unknown_part``, ``metadata["unknown_parts"]``). ``gen_ai.tool.definitions`` (or
+    OpenInference's ``llm.tools``) -> ``Observation.tools``. A tool span is a tool step in the
+    MCP / LangChain shape (``tool.name``, ``tool.arguments``, ``tool_call_id``).
     Dependencies without ``marft.depends_on``: parentage (earlier actions of the same agent span
-    and of enclosing agent spans) plus message flow (earlier actions whose output text occurs in
-    this action's input messages or its agent span's input). Spans of traces that never finish
-    are kept up to ``max_traces``; older ones are dropped and counted.
+    and of enclosing agent spans), message flow (earlier actions whose output text occurs in
+    this action's input messages or its agent span's input) and tool-call ids (a tool message
+    answering call X: the tool step that ran X, else the model call that emitted X; a tool step:
+    the model call that emitted its call). A tool span is recorded at its end, after what ran
+    inside it: an agent run as a tool (its ``invoke_agent`` span a child of the ``execute_tool``
+    span) gives the tool step an edge from the sub-agent's action whose output is the tool's result
+    (else from its last one). Spans of traces that never finish are kept up to ``max_traces``;
+    older ones are dropped and counted.
 
-Actions -> spans
+Actions -> spans (``integrations.otel_emit``, re-exported here)
     ``SpanEmitter(tracer_provider=None, capture_content=True).install()`` emits every finished
     episode as GenAI-convention spans (``invoke_workflow marft`` root, one ``chat {model}`` /
     ``execute_tool {agent}`` / ``invoke_agent {agent}`` span per action, with the action's real
@@ -34,12 +45,13 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from ..recording import add_episode_listener, guarded, remove_episode_listener
+from .. import messages as msgs
+from ..recording import capture_error, guarded
 from ..schema import Episode
+from .otel_emit import SAMPLING_ATTRS as _SAMPLING
+from .otel_emit import SpanEmitter
 
 LLM_OPS = {"chat", "text_completion", "generate_content"}
-_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "max_tokens": "max_tokens",
-             "seed": "seed"}
 
 
 # -- reading spans -------------------------------------------------------------------------------
@@ -62,24 +74,45 @@ def _dt(ns: int | None) -> datetime | None:
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc) if ns else None
 
 
-def _genai_messages(value: Any) -> list[dict]:
+_KNOWN_PARTS = {"text", "tool_call", "tool_call_response"}
+
+
+def _genai_messages(value: Any, unknown: list[str] | None = None) -> list[dict]:
+    """GenAI-convention messages (role + parts) as chat messages: text parts -> content,
+    ``tool_call`` parts -> ``tool_calls``, each ``tool_call_response`` part -> a tool message
+    (``tool_call_id`` = the part's id, content = its ``response``/``result``). Other part types are
+    kept as text (their content, else their JSON) and their types appended to ``unknown``."""
     out = []
     for m in _loads(value) or []:
         if not isinstance(m, dict):
             continue
-        parts = m.get("parts") or []
-        text = "".join(str(p.get("content", "")) for p in parts if isinstance(p, dict) and p.get("type") == "text")
-        calls = [
-            {"id": p.get("id"), "type": "function",
-             "function": {"name": p.get("name"), "arguments": json.dumps(p.get("arguments"), default=str)}}
-            for p in parts if isinstance(p, dict) and p.get("type") == "tool_call"
-        ]
-        msg: dict[str, Any] = {"role": str(m.get("role") or "user"), "content": text}
-        if m.get("name"):
-            msg["name"] = str(m["name"])
-        if calls:
-            msg["tool_calls"] = calls
-        out.append(msg)
+        texts, calls, results = [], [], []
+        for p in m.get("parts") or []:
+            if not isinstance(p, dict):
+                continue
+            kind = p.get("type")
+            if kind == "text":
+                texts.append(str(p.get("content", "")))
+            elif kind == "tool_call":
+                calls.append(msgs.tool_call(p.get("id"), p.get("name"), p.get("arguments")))
+            elif kind == "tool_call_response":
+                res = p.get("response", p.get("result"))
+                text = res if isinstance(res, str) else json.dumps(res, default=str) if res is not None else ""
+                results.append({"role": "tool", "tool_call_id": None if p.get("id") is None else str(p["id"]),
+                                "content": text, **({"name": str(p["name"])} if p.get("name") else {})})
+            else:
+                if unknown is not None:
+                    unknown.append(str(kind))
+                body = p.get("content")
+                texts.append(body if isinstance(body, str) else json.dumps(p, default=str))
+        if texts or calls or not results:
+            msg: dict[str, Any] = {"role": str(m.get("role") or "user"), "content": "".join(texts)}
+            if m.get("name"):
+                msg["name"] = str(m["name"])
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+        out.extend(results)
     return out
 
 
@@ -176,24 +209,45 @@ def _node_path(meta: dict[str, Any]) -> str | None:
     return "/".join(parts)
 
 
+def _tool_fields(a: dict[str, Any]) -> dict[str, Any]:
+    """A tool span as a tool step, in the shape of the MCP / LangChain tool steps."""
+    name = str(a.get("gen_ai.tool.name") or a.get("tool.name") or "tool")
+    args = a.get("gen_ai.tool.call.arguments") or a.get("input.value") or ""
+    result = a.get("gen_ai.tool.call.result") or a.get("output.value") or ""
+    call_id = a.get("gen_ai.tool.call.id") or a.get("tool_call.id")
+    call = msgs.tool_call(call_id, name, args if args != "" else {})
+    parsed = _loads(args) if isinstance(args, str) else args
+    meta = {"tool.name": name, "tool.arguments": parsed if parsed is not None else args,
+            **({"tool_call_id": str(call_id)} if call_id else {})}
+    return {"observation": {"messages": [{"role": "assistant", "content": None, "tool_calls": [call]}]},
+            "output": {"text": result if isinstance(result, str) else json.dumps(result, default=str)},
+            "metadata": meta}
+
+
+def _tools(a: dict[str, Any]) -> list[dict] | None:
+    """The tools offered to a model call: ``gen_ai.tool.definitions``, else OpenInference's ``llm.tools``."""
+    defs = _loads(a.get("gen_ai.tool.definitions"))
+    if not isinstance(defs, list):
+        defs = [_loads(v) for k, v in sorted(a.items()) if k.startswith("llm.tools.") and k.endswith(".tool.json_schema")]
+    return msgs.chat_tools([d for d in defs if isinstance(d, dict)])
+
+
 def _fields(s: _Span) -> dict[str, Any]:
-    """Observation, output, sampling and policy of one llm/tool span."""
+    """Observation, output, sampling and policy of one llm/tool span; ``metadata["unknown_parts"]``
+    lists message part types kept as text."""
     a = s.attrs
     if s.kind == "env" and not s.own:
         return {"observation": {"messages": [{"role": "user", "content": s.input_text()}]},
                 "output": {"text": str(a.get("output.value") or "")}, "token_source": None, "metadata": {}}
     if s.kind == "tool":
-        name = a.get("gen_ai.tool.name") or a.get("tool.name") or "tool"
-        args = a.get("gen_ai.tool.call.arguments") or a.get("input.value") or ""
-        result = a.get("gen_ai.tool.call.result") or a.get("output.value") or ""
-        return {"observation": {"messages": [{"role": "tool", "name": str(name), "content": str(args)}]},
-                "output": {"text": str(result)}, "metadata": {"tool": str(name)}}
-    messages = _genai_messages(a.get("gen_ai.input.messages")) or _oi_messages(a, "llm.input_messages.")
+        return _tool_fields(a)
+    unknown: list[str] = []
+    messages = _genai_messages(a.get("gen_ai.input.messages"), unknown) or _oi_messages(a, "llm.input_messages.")
     if a.get("gen_ai.system_instructions") and not any(m["role"] == "system" for m in messages):
         sys_text = "".join(p.get("content", "") for p in _loads(a["gen_ai.system_instructions"]) or []
                            if isinstance(p, dict))
         messages.insert(0, {"role": "system", "content": sys_text})
-    outs = _genai_messages(a.get("gen_ai.output.messages")) or _oi_messages(a, "llm.output_messages.")
+    outs = _genai_messages(a.get("gen_ai.output.messages"), unknown) or _oi_messages(a, "llm.output_messages.")
     out_msg = next((m for m in outs if m["role"] == "assistant"), outs[0] if outs else {"content": ""})
     finish = a.get("gen_ai.response.finish_reasons") or a.get("llm.finish_reason")
     if isinstance(finish, (list, tuple)):
@@ -215,7 +269,8 @@ def _fields(s: _Span) -> dict[str, Any]:
     logprobs = a.get("marft.output.logprobs")
     prompt_ids = a.get("marft.observation.prompt_token_ids")
     return {
-        "observation": {"messages": messages, "prompt_token_ids": list(prompt_ids) if prompt_ids else None},
+        "observation": {"messages": messages, "tools": _tools(a),
+                        "prompt_token_ids": list(prompt_ids) if prompt_ids else None},
         "output": {"text": str(out_msg.get("content") or ""), "tool_calls": out_msg.get("tool_calls"),
                    "finish_reason": str(finish) if finish else None,
                    "token_ids": list(token_ids) if token_ids is not None else None,
@@ -224,7 +279,7 @@ def _fields(s: _Span) -> dict[str, Any]:
         "policy": None if s.own and "marft.policy.name" not in a else {"name": str(model),
                                                                         "version": a.get("marft.policy.version")},
         "token_source": a.get("marft.token_source") if s.own else ("server" if token_ids is not None else "retokenize"),
-        "metadata": {},
+        "metadata": {"unknown_parts": unknown} if unknown else {},
     }
 
 
@@ -257,19 +312,28 @@ def spans_to_episode(spans: Iterable[Any], source: str = "otel", episode_id: str
     if wf.attrs.get("marft.episode.task") is not None:
         task = _loads(wf.attrs["marft.episode.task"])
     else:
-        msgs = _genai_messages(wf.attrs.get("gen_ai.input.messages"))
-        raw = msgs[0]["content"] if msgs else wf.attrs.get("input.value")
+        first = _genai_messages(wf.attrs.get("gen_ai.input.messages"))
+        raw = first[0]["content"] if first else wf.attrs.get("input.value")
         task = _loads(raw) if isinstance(raw, str) and raw[:1] in "{[" else raw
 
     rec = EpisodeRecorder(None, task=task, source=source, episode_id=episode_id or own_episode or trace_id,
                           metadata={"trace_id": trace_id})
     recorded: list[tuple[_Span, str, str]] = []  # span, action id, output text
-    # Own spans keep the episode's recording order; others go by start time.
+    emitted: dict[str, str] = {}  # tool call id -> the model call that asked for it
+    answered: dict[str, str] = {}  # tool call id -> the tool step that ran it
+    # Own spans keep the episode's recording order; others go by start time, except tool spans,
+    # which are recorded when they end: what ran inside them (an agent as a tool) comes first.
     order = sorted((n for n in nodes if n.kind in ("llm", "tool", "env")),
-                   key=lambda n: (n.attrs.get("marft.index", 0), n.start, n.end))
+                   key=lambda n: (n.attrs.get("marft.index", 0), n.end if n.kind == "tool" and not n.own else n.start,
+                                  n.end))
     for n in order:
         with guarded("otel.span", rec):
             a = n.attrs
+            fields = _fields(n)
+            meta = fields.pop("metadata", None) or {}
+            if meta.get("unknown_parts"):
+                capture_error("otel.unknown_part", ValueError(
+                    f"message part types {sorted(set(meta['unknown_parts']))} kept as text"), rec)
             if n.own:
                 deps = [str(d) for d in a.get("marft.depends_on") or () if rec.get_action(str(d)) is not None]
                 agent = str(a.get("gen_ai.agent.name") or "unknown")
@@ -279,25 +343,51 @@ def spans_to_episode(spans: Iterable[Any], source: str = "otel", episode_id: str
                 agent_spans = [u for u in ups if u.kind == "agent"]
                 agent = _agent(n, agent_spans)
                 kind, aid = n.kind, None
-            fields = _fields(n)
-            if not n.own:
-                texts = [m.get("content") or "" for m in fields["observation"]["messages"]]
-                texts += [u.input_text() for u in agent_spans[:1]]
-                inside = {u.id for u in agent_spans} | ({n.id} if n.kind == "env" else set())
-                deps = []
-                for prev, pid, ptext in recorded:
-                    if prev.end > n.start:
-                        continue  # still running when this one started: not an input
-                    same_span = bool(inside & {u.id for u in ancestry[prev.id]})
-                    if same_span or (ptext.strip() and any(ptext.strip() in t for t in texts)):
-                        deps.append(pid)
+                deps = _deps(n, fields, agent_spans, ancestry, recorded)
+                messages = fields["observation"]["messages"]
+                ids = [meta["tool_call_id"]] if n.kind == "tool" and meta.get("tool_call_id") else \
+                    msgs.referenced_call_ids(messages)
+                for cid in ids:  # the tool step answering a call, else the call that asked for it
+                    dep = (None if n.kind == "tool" else answered.get(cid)) or emitted.get(cid)
+                    if dep is not None and dep not in deps:
+                        deps.append(dep)
                 step = _step(n, ups, [rec.get_action(d).step for d in deps])
-            fields.pop("metadata", None)
             new_id = rec.record_action(
                 agent, kind=kind, step=step, depends_on=deps, error=n.error(), action_id=aid,
-                started_at=_dt(n.start), ended_at=_dt(n.end), metadata={"span_id": format(n.id, "016x")}, **fields)
+                started_at=_dt(n.start), ended_at=_dt(n.end), metadata={"span_id": format(n.id, "016x"), **meta},
+                **fields)
+            for c in (fields.get("output") or {}).get("tool_calls") or ():
+                if c.get("id"):
+                    emitted.setdefault(str(c["id"]), new_id)
+            if kind == "tool" and meta.get("tool_call_id"):
+                answered[str(meta["tool_call_id"])] = new_id
             recorded.append((n, new_id, rec.get_action(new_id).output.text))
     return _finish(rec, root)
+
+
+def _deps(n: _Span, fields: dict[str, Any], agent_spans: list[_Span], ancestry: dict[int, list[_Span]],
+          recorded: list[tuple[_Span, str, str]]) -> list[str]:
+    """Parentage and message flow: earlier actions of this action's agent spans, and earlier actions
+    whose output text is in its input. A tool span's own descendants (an agent run as the tool) are
+    inputs when their output is in the tool's result (else the last of them to end)."""
+    texts = [m.get("content") or "" for m in fields["observation"]["messages"]]
+    texts += [u.input_text() for u in agent_spans[:1]]
+    inside = {u.id for u in agent_spans} | ({n.id} if n.kind == "env" else set())
+    result = fields["output"]["text"] if n.kind == "tool" else ""
+    deps, nested = [], []
+    for prev, pid, ptext in recorded:
+        if n.kind == "tool" and any(u.id == n.id for u in ancestry[prev.id]):
+            nested.append((prev, pid, ptext))
+            continue
+        if prev.end > n.start:
+            continue  # still running when this one started: not an input
+        same_span = bool(inside & {u.id for u in ancestry[prev.id]})
+        if same_span or (ptext.strip() and any(ptext.strip() in t for t in texts)):
+            deps.append(pid)
+    answer = [pid for _, pid, ptext in nested if ptext.strip() and ptext.strip() in result]
+    if nested and not answer:
+        answer = [max(nested, key=lambda x: x[0].end)[1]]
+    return deps + answer
 
 
 def _agent(n: _Span, agent_spans: list[_Span]) -> str:
@@ -435,111 +525,6 @@ def __getattr__(name: str) -> Any:
         globals().update(EpisodeSpanProcessor=proc, EpisodeSpanExporter=exp)
         return globals()[name]
     raise AttributeError(name)
-
-
-# -- emitting our actions as spans ---------------------------------------------------------------
-
-
-def _ns(dt: datetime | None) -> int | None:
-    return int(dt.timestamp() * 1e9) if dt is not None else None
-
-
-def _genai_json(messages: list[Any]) -> str:
-    out = []
-    for m in messages:
-        parts: list[dict[str, Any]] = []
-        if m.content:
-            parts.append({"type": "text", "content": m.content})
-        for tc in m.tool_calls or []:
-            fn = tc.get("function") or {}
-            parts.append({"type": "tool_call", "id": tc.get("id"), "name": fn.get("name"),
-                          "arguments": _loads(fn.get("arguments"))})
-        out.append({"role": m.role, "parts": parts, **({"name": m.name} if m.name else {})})
-    return json.dumps(out)
-
-
-class SpanEmitter:
-    """Emit finished episodes as GenAI-convention spans (see the module docstring)."""
-
-    def __init__(self, tracer_provider: Any = None, capture_content: bool = True):
-        from opentelemetry import trace
-
-        self.tracer = trace.get_tracer("marft_bridge", tracer_provider=tracer_provider)
-        self.capture_content = capture_content
-
-    def install(self) -> SpanEmitter:
-        add_episode_listener(self.emit)
-        return self
-
-    def uninstall(self) -> None:
-        remove_episode_listener(self.emit)
-
-    def emit(self, ep: Episode) -> None:
-        from opentelemetry import trace
-        from opentelemetry.trace import Link
-
-        root = self.tracer.start_span(
-            "invoke_workflow marft", start_time=_ns(ep.started_at),
-            attributes={"gen_ai.operation.name": "invoke_workflow", "gen_ai.workflow.name": ep.source,
-                        "marft.episode.id": ep.id, "marft.episode.task": json.dumps(ep.task, default=str),
-                        "marft.episode.status": ep.status})
-        ctx = trace.set_span_in_context(root)
-        spans: dict[str, Any] = {}
-        for i, a in enumerate(ep.actions):
-            with guarded("otel.emit"):
-                attrs = self._attributes(ep, a)
-                attrs["marft.index"] = i
-                model = a.policy.name if a.policy else a.agent
-                name = {"llm": f"chat {model}", "tool": f"execute_tool {a.agent}"}.get(a.kind, f"invoke_agent {a.agent}")
-                links = [Link(spans[d].get_span_context()) for d in a.depends_on if d in spans]
-                span = self.tracer.start_span(name, context=ctx, start_time=_ns(a.started_at or a.ended_at),
-                                              attributes=attrs, links=links)
-                if a.error:
-                    span.set_status(trace.Status(trace.StatusCode.ERROR, a.error[:500]))
-                span.end(end_time=_ns(a.ended_at))
-                spans[a.id] = span
-        root.end(end_time=_ns(ep.ended_at))
-
-    def _attributes(self, ep: Episode, a: Any) -> dict[str, Any]:
-        op = {"llm": "chat", "tool": "execute_tool"}.get(a.kind, "invoke_agent")
-        attrs: dict[str, Any] = {
-            "gen_ai.operation.name": op, "gen_ai.agent.name": a.agent, "marft.episode.id": ep.id,
-            "marft.action.id": a.id, "marft.kind": a.kind, "marft.step": a.step,
-            "marft.depends_on": list(a.depends_on),
-        }
-        if a.token_source:
-            attrs["marft.token_source"] = a.token_source
-        if a.policy:
-            attrs["gen_ai.request.model"] = a.policy.name
-            attrs["marft.policy.name"] = a.policy.name
-            if a.policy.version is not None:
-                attrs["marft.policy.version"] = a.policy.version
-        if a.sampling:
-            for key, v in a.sampling.model_dump(exclude_none=True).items():
-                if key in _SAMPLING:
-                    attrs[f"gen_ai.request.{key}"] = v
-        if a.output.finish_reason:
-            attrs["gen_ai.response.finish_reasons"] = [a.output.finish_reason]
-        if a.output.token_ids is not None:
-            attrs["marft.output.token_ids"] = list(a.output.token_ids)
-            attrs["gen_ai.usage.output_tokens"] = len(a.output.token_ids)
-        if a.output.logprobs is not None:
-            attrs["marft.output.logprobs"] = list(a.output.logprobs)
-        if a.observation.prompt_token_ids is not None:
-            attrs["marft.observation.prompt_token_ids"] = list(a.observation.prompt_token_ids)
-            attrs["gen_ai.usage.input_tokens"] = len(a.observation.prompt_token_ids)
-        if self.capture_content:
-            if a.kind == "tool":
-                attrs["gen_ai.tool.name"] = a.metadata.get("tool", a.agent)
-                if a.observation.messages:
-                    attrs["gen_ai.tool.call.arguments"] = a.observation.messages[-1].content or ""
-                attrs["gen_ai.tool.call.result"] = a.output.text
-            else:
-                attrs["gen_ai.input.messages"] = _genai_json(a.observation.messages)
-                attrs["gen_ai.output.messages"] = json.dumps(
-                    [{"role": "assistant", "parts": [{"type": "text", "content": a.output.text}],
-                      "finish_reason": a.output.finish_reason}])
-        return attrs
 
 
 __all__ = ["EpisodeSpanExporter", "EpisodeSpanProcessor", "SpanEmitter", "spans_to_episode"]
