@@ -148,7 +148,7 @@ class MarftCallbackHandler(BaseCallbackHandler):
     raise_error = False
     ignore_chain = True
     ignore_retriever = True
-    ignore_agent = True
+    ignore_agent = False  # tool events go through the "agent" switch
     ignore_retry = True
     ignore_custom_event = True
 

@@ -74,6 +74,7 @@ class _Run:
         self.public: dict[str, Task] = {}  # public tier: tasks by checkpoint namespace
         # Tool calls the run's model calls asked for: tool_call_id -> (action id, agent).
         self.tool_calls: dict[str, tuple[str, str]] = {}
+        self.answered: dict[str, set[str]] = {}  # model call id -> the tool steps that answered it
         self.finished = False
 
     def sorted_ids(self, ids: Any) -> list[str]:

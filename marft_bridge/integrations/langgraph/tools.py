@@ -76,8 +76,10 @@ def start(task: Task, run_id: UUID, name: str, args: Any, call_id: str | None) -
     with run.lock:
         deps = run.deps_of(task)
         task.calls += 1
-    if owner is not None:
-        deps = deps | {owner[0]}
+        if owner is not None:
+            # Calls of one model reply run side by side (a ToolNode runs them concurrently): one
+            # answered before this one started is not an input of it.
+            deps = (deps - run.answered.get(owner[0], frozenset())) | {owner[0]}
     with _LOCK:
         _TOOLS[run_id] = _ToolRun(task, name, args, call_id, owner, deps)
 
@@ -125,7 +127,10 @@ def end(run_id: UUID, output: Any = None, error: BaseException | None = None) ->
                   "output": {"text": text}, "metadata": meta,
                   "error": f"{type(error).__name__}: {error}" if error is not None else None}
         agent = tr.owner[1] if tr.owner is not None else None
-        run.record(tr.task, "tool", fields, tr.deps, tr.started, agent=agent)
+        aid = run.record(tr.task, "tool", fields, tr.deps, tr.started, agent=agent)
+        if tr.owner is not None:
+            with run.lock:
+                run.answered.setdefault(tr.owner[0], set()).add(aid)
     except Exception as e:  # noqa: BLE001 - capture must not break the app
         capture_error("langgraph.tool_end", e, run.recorder)
 
