@@ -78,9 +78,26 @@ def test_parquet_is_flat_enough_for_pandas(store, tmp_path):
     assert [list(x) for x in ep0.depends_on] == [[], ["0-a0"], ["0-a1"]]
     assert ep0.started_at.iloc[0] == pd.Timestamp(T0)
     assert ep0.team_reward.isna().all() and (ep0.n_rewards == 1).all()
+    assert ep0.tools_json.isna().all() and ep0.tool_calls_json.isna().all()
     empty = df[df.episode_id == "empty"]
     assert empty.action_id.isna().all() and empty.source.tolist() == ["a2a"]
     assert json.loads(empty.episode_json.iloc[0])["metadata"] == {"note": "no actions"}
+
+
+def test_parquet_has_tools_and_tool_calls_as_json(store, tmp_path):
+    from marft_bridge.schema import Action, Observation, Output
+
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}]
+    ep = Episode(id="tools", actions=[Action(id="m", agent="agent", observation=Observation(tools=tools, tool_choice="auto"),
+                                             output=Output(tool_calls=calls, finish_reason="tool_calls"))])
+    store.add_episode(ep)
+    store.export(tmp_path / "t.parquet")
+    row = pd.read_parquet(tmp_path / "t.parquet").iloc[0]
+    assert (json.loads(row.tools_json), json.loads(row.tool_calls_json)) == (tools, calls)
+    with TraceStore.open(tmp_path / "copy.db") as copy:
+        copy.import_(tmp_path / "t.parquet")
+        assert copy.get_episode("tools") == ep
 
 
 def test_import_refuses_bad_lines_and_keeps_the_rest(store, tmp_path):

@@ -1,7 +1,8 @@
 """Export and import of episodes: JSONL (one episode a line) and Parquet (one row an action).
 
 Both are lossless: JSONL holds each episode's JSON as is; Parquet has flat columns for analysis
-with pandas or ``datasets`` (agent, step, kind, text, token ids, log-probs, ...) plus the exact
+with pandas or ``datasets`` (agent, step, kind, text, token ids, log-probs, the offered tools and
+the tool calls made as JSON, ...) plus the exact
 JSON of each action (``action_json``) and of the episode around it (``episode_json``,
 ``rewards_json``), which is what import reads. An episode without actions is one row with empty
 action columns.
@@ -116,6 +117,8 @@ def _parquet_schema():
             ("logprobs", pa.list_(pa.float64())),
             ("prompt_token_ids", pa.list_(pa.int64())),
             ("messages_json", pa.string()),
+            ("tools_json", pa.string()),  # the tools the model was offered (null: none)
+            ("tool_calls_json", pa.string()),  # the tool calls it made (null: none)
             ("action_json", pa.string()),
             ("episode_json", pa.string()),
             ("rewards_json", pa.string()),
@@ -161,6 +164,9 @@ def _rows(ep: Episode) -> Iterator[dict]:
             "logprobs": a.output.logprobs,
             "prompt_token_ids": a.observation.prompt_token_ids,
             "messages_json": json.dumps([m.model_dump(mode="json") for m in a.observation.messages], ensure_ascii=False),
+            "tools_json": None if a.observation.tools is None else json.dumps(a.observation.tools, ensure_ascii=False),
+            "tool_calls_json": None if a.output.tool_calls is None else json.dumps(a.output.tool_calls,
+                                                                                   ensure_ascii=False),
             "action_json": a.model_dump_json(),
         }
 
