@@ -59,10 +59,10 @@ def make_episodes(n: int, k: int, seed: int = 0):
 
 def bare_sqlite_same_rows(path: Path, episodes) -> float:
     from marft_bridge.store import TraceStore
-    from marft_bridge.store.tracestore import _episode_rows
+    from marft_bridge.store.rows import episode_rows
 
     TraceStore.open(path).close()  # the store's own tables and indexes, empty
-    rows = [_episode_rows(ep) for ep in episodes]
+    rows = [episode_rows(ep) for ep in episodes]
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")

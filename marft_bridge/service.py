@@ -41,7 +41,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from . import durable
 from .errors import MarftError
@@ -84,6 +84,20 @@ class ServiceConfig(BaseModel):
     rollback_window: int = Field(32, ge=1)
     rollback_margin: float = Field(0.05, ge=0)
     trainer: dict[str, Any] = Field(default_factory=dict)  # MarftConfig fields
+
+    @field_validator("agents")
+    @classmethod
+    def _adapter_names(cls, agents: list[str]) -> list[str]:
+        # The service trains, publishes and serves adapters: the names the app's chat models send as
+        # ``model``. Agents named by path (``supervisor/agent`` in a supervisor app) are not adapters.
+        from .schema import ADAPTER_NAME, agent_adapter_name
+
+        for a in agents:
+            if not ADAPTER_NAME.match(a) or ".." in a:
+                raise ValueError(f"{a!r} is not an adapter name: list the adapters the app's models use as `model` "
+                                 f"(`marft adapters map --store ...` shows which agent used which), or "
+                                 f"{agent_adapter_name(a)!r}, the registry-safe name of that agent path")
+        return agents
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> ServiceConfig:
