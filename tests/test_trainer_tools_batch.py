@@ -171,3 +171,39 @@ def test_trainers_named_by_agent_path_or_node_still_match(tok):
     assert b.skipped == {"agent_without_adapter": 2, "reward_for_untrained_agent": 1}
     assert [(s.action_id, s.agent) for s in b.samples] == [
         ("s1", "supervisor/agent"), ("r1", "checker.agent"), ("s2", "supervisor/agent")]
+
+
+def test_a_captured_langgraph_supervisor_trains_the_adapters_its_models_name(sqlite_store, tok):
+    """A real langgraph-supervisor app whose chat models send model="supervisor" / "math_expert": every
+    model call is a sample of that adapter, the routing call's tokens are its handoff tool call, and the
+    worker's observation holds its bound tools and the handoff's tool result."""
+    pytest.importorskip("langgraph_supervisor")
+    import tool_apps as ta
+    from langgraph.prebuilt import create_react_agent
+    from langgraph_supervisor import create_supervisor
+
+    import marft_bridge as mb
+
+    expert = create_react_agent(ta.ToolCallingModel(policy=ta._adder, model_name="math_expert"), [ta.add],
+                                name="math_expert")
+    app = create_supervisor([expert], model=ta.ToolCallingModel(policy=ta._supervisor, model_name="supervisor")).compile()
+    app = mb.instrument(app, store=sqlite_store, reward_fn=lambda i, o: 1.0)
+    app.invoke(ta.ask())
+    sqlite_store.flush()
+    (ep,) = sqlite_store.episodes()
+    llm = [a for a in ep.actions if a.kind == "llm"]
+    b = build_batch([ep], tok, {"supervisor", "math_expert"}, len(tok), 16384, 1.0)
+    assert [(s.action_id, s.agent) for s in b.samples] == [(a.id, a.agent.split("/")[0]) for a in llm]
+    assert [s.agent for s in b.samples] == ["supervisor", "math_expert", "math_expert", "supervisor"]
+    assert not b.skipped
+    route, work = b.samples[0], b.samples[1]
+    assert route.act_ids == ids(tok, '<tool_call>\n{"name": "transfer_to_math_expert", "arguments": {}}\n'
+                                     "</tool_call><|im_end|>")
+    assert work.act_ids == ids(tok, '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>')
+    seen = tok.decode(work.obs_ids)
+    add_tool = next(t for t in llm[1].observation.tools if t["function"]["name"] == "add")
+    assert "<tools>\n" + json.dumps(add_tool) + "\n</tools>" in seen
+    assert '<tool_call>\n{"name": "transfer_to_math_expert", "arguments": {}}\n</tool_call>' in seen
+    assert "<tool_response>\nSuccessfully transferred to math_expert\n</tool_response>" in seen
+    assert seen.endswith("<|im_start|>assistant\n")
+    assert b.samples[1].parents == [0]  # through the handoff's tool step
