@@ -72,9 +72,10 @@ class _Run:
         self.order: dict[str, int] = self.scope.order if self.scope else {}
         self.task_ids: list[str] = []
         self.public: dict[str, Task] = {}  # public tier: tasks by checkpoint namespace
-        # Tool calls the run's model calls asked for: tool_call_id -> (action id, agent).
-        self.tool_calls: dict[str, tuple[str, str]] = {}
+        # Tool calls the run's model calls asked for: tool_call_id (and name+arguments) -> (action id, agent, id, arguments).
+        self.tool_calls: dict[str, tuple[str, str, str | None, str | None]] = {}
         self.answered: dict[str, set[str]] = {}  # model call id -> the tool steps that answered it
+        self.answered_calls: set[tuple[str, str | None]] = set()  # (model call id, tool_call_id) answered
         self.finished = False
 
     def sorted_ids(self, ids: Any) -> list[str]:

@@ -16,6 +16,7 @@ writes (the ToolMessage) carry it to the agent's next model call. A tool interru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -48,9 +49,13 @@ def note_calls(run: Any, action_id: str, agent: str, calls: list[dict] | None) -
     """Remember which model call asked for which tool calls (``tool_call_id`` -> owner)."""
     for c in calls or ():
         fn = c.get("function") or {}
-        key = c.get("id") or f"{fn.get('name')}\x00{_canonical(fn.get('arguments'))}"
+        owner = (action_id, agent, c.get("id"), fn.get("arguments"))
         with run.lock:
-            run.tool_calls[key] = (action_id, agent)
+            if c.get("id"):
+                run.tool_calls[c["id"]] = owner
+            # By name and arguments too: LangChain before 1.1 does not pass tool_call_id to on_tool_start.
+            run.tool_calls.setdefault(f"{fn.get('name')}\x00{_canonical(fn.get('arguments'))}", owner)
+            run.tool_calls[f"{fn.get('name')}\x00"] = owner  # and by name alone: the latest call of it
 
 
 def _canonical(args: Any) -> str:
@@ -66,13 +71,25 @@ def _owner(run: Any, name: str, args: Any, call_id: str | None) -> tuple | None:
     with run.lock:
         if call_id is not None and call_id in run.tool_calls:
             return run.tool_calls[call_id]
-        return run.tool_calls.get(f"{name}\x00{_canonical(args)}")
+        exact = run.tool_calls.get(f"{name}\x00{_canonical(args)}")
+        if exact is not None:
+            return exact
+        # By name alone only while that call is unanswered: a later tool.invoke by hand is not it.
+        latest = run.tool_calls.get(f"{name}\x00")
+        return latest if latest is not None and (latest[0], latest[2]) not in run.answered_calls else None
 
 
 def start(task: Task, run_id: UUID, name: str, args: Any, call_id: str | None) -> None:
     run = task.run
     args = convert.jsonable(args) if not isinstance(args, str) else args
+    if call_id is None and isinstance(args, dict) and isinstance(args.get("tool_call_id"), str):
+        call_id = args["tool_call_id"]  # an InjectedToolCallId argument (older LangChain passes injected ones)
     owner = _owner(run, name, args, call_id)
+    if owner is not None:
+        # The arguments the model asked for (older LangChain reports injected state among the inputs).
+        call_id = call_id or owner[2]
+        with contextlib.suppress(TypeError, ValueError):
+            args = json.loads(owner[3]) if isinstance(owner[3], str) else args
     with run.lock:
         deps = run.deps_of(task)
         task.calls += 1
@@ -131,6 +148,7 @@ def end(run_id: UUID, output: Any = None, error: BaseException | None = None) ->
         if tr.owner is not None:
             with run.lock:
                 run.answered.setdefault(tr.owner[0], set()).add(aid)
+                run.answered_calls.add((tr.owner[0], tr.owner[2]))
     except Exception as e:  # noqa: BLE001 - capture must not break the app
         capture_error("langgraph.tool_end", e, run.recorder)
 
