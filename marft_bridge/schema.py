@@ -8,6 +8,11 @@ action's observation), which makes an episode a DAG of actions.
 Records are pydantic v2 models: validated when built or parsed, JSON round-trip exactly. The
 invariants the store relies on are checked here, so every entry point (store, import, capture)
 refuses the same bad records with the same message.
+
+Two rules every consumer of records shares live here too: how recorded messages enter a chat
+template (``template_message``: tool calls with decoded arguments, tool ids and names), and which
+adapter an action trains (``adapter_name``: the model name that served it, else the agent path's
+registry-safe form).
 """
 
 from __future__ import annotations
