@@ -82,15 +82,17 @@ COLLECTIVES = textwrap.dedent("""
         return real(t, *a, **kw)
     dist.all_reduce = recording
     params = [torch.nn.Parameter(torch.zeros(3, 2)), torch.nn.Parameter(torch.zeros(5)), torch.nn.Parameter(torch.zeros(4))]
+    # rank 0 had 3 tokens, rank 1 had 1: the trainer scales each rank's mean loss by n_r / n.
+    counts = D.sum_floats([3.0 if rank == 0 else 1.0, 1.0], torch.device("cpu"))
+    share = (3.0 if rank == 0 else 1.0) / counts[0]
     for k, p in enumerate(params[:2]):
-        p.grad = torch.full_like(p, float(rank + 1) * (k + 1))  # rank 0: 1, 2; rank 1: 2, 4
-    # params[2] has no gradient on either rank (counts as zeros); rank 0 had 3 tokens, rank 1 had 1.
-    total = D.all_reduce_gradients(params, weight=3.0 if rank == 0 else 1.0, device=torch.device("cpu"))
-    small = D.all_reduce_gradients(params, weight=3.0 if rank == 0 else 1.0, device=torch.device("cpu"),
-                                   bucket_bytes=40)
-    counts = D.sum_floats([1.0, float(rank)], torch.device("cpu"))
+        p.grad = torch.full_like(p, float(rank + 1) * (k + 1)) * share  # local means: rank 0: 1, 2; rank 1: 2, 4
+    # params[2] has no gradient on either rank (counts as zeros).
+    D.all_reduce_gradients(params, torch.device("cpu"))
+    g = [p.grad.tolist() for p in params]
+    D.all_reduce_gradients(params, torch.device("cpu"), bucket_bytes=40)
     with open(sys.argv[1] + f"/r{rank}.txt", "w") as f:
-        f.write(repr({"total": total, "g": [p.grad.tolist() for p in params], "seen": seen, "counts": counts}))
+        f.write(repr({"g": g, "g2": [p.grad.tolist() for p in params], "seen": seen, "counts": counts}))
     dist.destroy_process_group()
 """)
 
@@ -116,13 +118,13 @@ def test_flat_token_weighted_gradient_all_reduce(tmp_path):
 
     run_torchrun(COLLECTIVES, [str(tmp_path)], tmp_path, timeout=120)
     r0, r1 = (ast.literal_eval((tmp_path / f"r{k}.txt").read_text()) for k in (0, 1))
-    assert r0["g"] == r1["g"]
+    assert r0["g"] == r1["g"] and r0["g2"] == r1["g2"]
     # Token-weighted: (3 * 1 + 1 * 2) / 4 = 1.25 and (3 * 2 + 1 * 4) / 4 = 2.5 (a per-rank mean would be 1.5, 3).
-    # (After the second call the inputs were already averaged, so the weighted mean of equal values is unchanged.)
     assert r0["g"][0] == [[1.25, 1.25]] * 3 and r0["g"][1] == [2.5] * 5 and r0["g"][2] == [0.0] * 4
-    assert r0["total"] == 4.0 and r0["counts"] == [2.0, 1.0]
+    assert r0["counts"] == [4.0, 2.0]
+    assert r0["g2"][1] == [5.0] * 5  # the second call sums the (already summed) gradients again
     seen = r0["seen"]
     assert all(dev == "cpu" for dev, _ in seen)  # the trainer's device here; NCCL would need cuda
-    # One flat all-reduce for the adapter (6 + 5 + 4 values + the weight); with 40-byte buckets
-    # [p0 + weight] = 7, [p1, p2] = 9 (24 + 20 bytes would overflow the first); then the counts (2).
-    assert [n for _, n in seen] == [16, 7, 9, 2]
+    # The counts (2 values), one flat all-reduce for the adapter (6 + 5 + 4 values); with 40-byte
+    # buckets [p0] = 6, [p1, p2] = 9 (24 + 20 bytes would overflow the first).
+    assert [n for _, n in seen] == [2, 15, 6, 9]

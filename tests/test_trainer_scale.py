@@ -188,3 +188,71 @@ def test_trainable_head_takes_the_checkpointed_path_with_equal_gradients():
     chunked = torch.autograd.grad(lp.sum() - 0.3 * ent.sum(), [h, head.weight])
     for a, b in zip(chunked, full):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+@pytest.fixture(scope="module")
+def episodes(tiny_model_dir):
+    from test_trainer import make_env
+
+    from marft_bridge.trainers.marft import MarftTrainer
+    from marft_bridge.trainers.rollout import RolloutPolicy
+
+    tr = MarftTrainer(MarftConfig(), tiny_model_dir, agents=["a", "b"])
+    return make_env(3)(RolloutPolicy(tr), 12, 4)
+
+
+def trained(model_dir, eps, **cfg):
+    from marft_bridge.trainers.marft import MarftTrainer
+
+    base = dict(ppo_epochs=2, num_minibatches=2, lr=1e-2, critic_lr=1e-2, critic_backbone="lora",
+                target_modules=["q_proj", "v_proj", "o_proj"])
+    tr = MarftTrainer(MarftConfig(**{**base, **cfg}), model_dir, agents=["a", "b"])
+    m = tr.train_on(eps)
+    return tr, m
+
+
+def initial(model_dir):
+    from marft_bridge.trainers.marft import MarftTrainer
+
+    tr = MarftTrainer(MarftConfig(critic_backbone="lora", target_modules=["q_proj", "v_proj", "o_proj"]), model_dir,
+                      agents=["a", "b"])
+    return {n: p.detach().clone() for n, p in tr._named_weights().items()}
+
+
+@pytest.mark.parametrize("mode", ["marft_a", "marft_t"])
+def test_micro_batched_update_equals_the_unbatched_one(tiny_model_dir, episodes, mode):
+    one, m1 = trained(tiny_model_dir, episodes, mode=mode, micro_batch_tokens=10**6, forward_batch_size=1000)
+    # 1-token budget: every sequence is its own micro-batch in every pass (gradients accumulate over ~6).
+    many, m2 = trained(tiny_model_dir, episodes, mode=mode, micro_batch_tokens=1, forward_batch_size=1000,
+                       gradient_checkpointing=True, logits_chunk_tokens=2)
+    w1, w2 = one._named_weights(), many._named_weights()
+    assert w1.keys() == w2.keys() and any("marft_critic" in n for n in w1)
+    # Float tolerance after 4 AdamW steps of lr 1e-2: summation order differs, and Adam's g / sqrt(v)
+    # magnifies rounding in near-zero gradients to ~1e-5 (0.1% of one step); the updates are ~1e-2.
+    for n in w1:
+        torch.testing.assert_close(w2[n], w1[n], atol=5e-5, rtol=1e-4, msg=n)
+    moved = max((w1[n] - w0).abs().max().item() for n, w0 in initial(tiny_model_dir).items())
+    assert moved > 5e-3
+    assert not torch.equal(w1["value_head.mlp.2.weight"], torch.zeros_like(w1["value_head.mlp.2.weight"]))
+    for k in ("policy_loss", "kl_ref", "entropy", "approx_kl", "clipfrac", "behaviour_weight", "value_loss"):
+        assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), k
+    assert m1["agent_order"] == m2["agent_order"] and m1["skipped_nonfinite"] == m2["skipped_nonfinite"] == 0
+
+
+def test_gradient_checkpointing_is_on_in_gradient_passes_only(tiny_model_dir):
+    policy = MultiAgentPolicy(tiny_model_dir, ["a"], MarftConfig(gradient_checkpointing=True), torch.device("cpu"))
+    inner = policy.model.get_base_model()
+    assert inner.is_activation_checkpointing and not policy.model.training
+    with policy.grad_mode():
+        assert policy.model.training  # transformers checkpoints decoder layers only in train mode
+    assert not policy.model.training
+    assert not MultiAgentPolicy(tiny_model_dir, ["a"], MarftConfig(), torch.device("cpu")).gradient_checkpointing
+    assert inner.config._attn_implementation == "sdpa"
+
+
+def test_fsdp2_is_refused_with_a_clear_message(tiny_model_dir):
+    from marft_bridge.errors import MarftError
+    from marft_bridge.trainers.marft import MarftTrainer
+
+    with pytest.raises(MarftError, match="parallelism 'fsdp2' is not supported on CPU"):
+        MarftTrainer(MarftConfig(parallelism="fsdp2"), tiny_model_dir, agents=["a"])

@@ -51,7 +51,7 @@ class MarftConfig(BaseModel):
     max_grad_norm: float = Field(0.5, gt=0)
     ppo_epochs: int = Field(5, ge=1)
     num_minibatches: int = Field(4, ge=1)
-    forward_batch_size: int = Field(16, ge=1)  # sequences per no-grad forward (proximal/ref/values)
+    forward_batch_size: int = Field(16, ge=1)  # at most this many sequences per micro-batch (every pass)
     seed: int = 0
 
     # Model.
@@ -68,6 +68,17 @@ class MarftConfig(BaseModel):
     default_temperature: float = Field(1.0, gt=0)  # when an action recorded no temperature
     max_context: int | None = Field(None, ge=2)  # None: the base model's max_position_embeddings
     device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    # Scale: memory and multi-GPU (README "Training on GPUs").
+    # Padded tokens (rows x longest sequence) per forward/backward in every pass; sequences are sorted
+    # by length into micro-batches and gradients accumulate over a minibatch (same step as one batch).
+    micro_batch_tokens: int = Field(16384, ge=1)
+    # LM-head rows per chunk for log-probs and entropy: peak ~2 x rows x vocab x 4 bytes (0.6 GB at 152k).
+    logits_chunk_tokens: int = Field(512, ge=1)
+    gradient_checkpointing: bool | None = None  # decoder layers recomputed in backward; None: on for CUDA
+    # replicated: every rank holds the base, gradients all-reduced (DDP-style; bases up to ~30B on 80 GB).
+    # fsdp2 (sharded base) is refused: not implemented (see distributed.py).
+    parallelism: Literal["replicated", "fsdp2"] = "replicated"
 
     # Guards.
     collapse_entropy_min: float | None = Field(None, ge=0)  # mean token entropy below this: collapse

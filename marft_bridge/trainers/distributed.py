@@ -3,15 +3,15 @@
 NCCL accepts only CUDA tensors, gloo accepts CPU tensors: each helper here moves what it reduces
 onto ``device`` (the trainer's) first, so one code path is right under both backends.
 
-Gradient averaging is token-weighted: rank r holds the gradient g_r of its local mean loss over
-n_r tokens (or samples); the step must use the gradient of the mean over all ranks' tokens,
+Gradient averaging is token-weighted: the step must use the gradient of the loss averaged over all
+ranks' tokens (or samples) of the minibatch, n = sum_r n_r. Each rank scales its loss terms by
+n_r / n (``sum_floats`` first sums the counts), so with g_r the gradient of rank r's local mean
 
-    g = sum_r n_r g_r / sum_r n_r
+    g = sum_r (n_r / n) g_r        = the sum all-reduce of the rank gradients
 
-so a rank with fewer tokens weighs less (a plain mean of g_r would weigh each rank equally). Each
-adapter's gradients are flattened into buckets of at most ``bucket_bytes`` with n_r appended to
-the first, so a LoRA adapter is one all-reduce (about 400 tensors at all-linear targets would
-otherwise be 400 collectives).
+and a rank with fewer tokens weighs less (a plain mean of g_r would weigh each rank equally). Each
+adapter's gradients are flattened into buckets of at most ``bucket_bytes``, so a LoRA adapter is one
+all-reduce (about 400 tensors at all-linear targets would otherwise be 400 collectives).
 
 Strategy (``README``): replicated (every rank holds the whole bf16 base, DDP-style averaging here)
 fits a base up to about 30B parameters on an 80 GB GPU (60 GB of weights + activations under
@@ -43,14 +43,19 @@ def init_from_env() -> tuple[int, int]:
     return 0, 1
 
 
+def all_reduce_sum(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Sum of ``t`` over all ranks, reduced on ``device`` and returned on ``t``'s own device."""
+    import torch.distributed as dist
+
+    x = t.to(device)
+    dist.all_reduce(x)
+    return x.to(t.device)
+
+
 def sum_floats(values: list[float], device: torch.device) -> list[float]:
     """Element-wise sum of a short list of numbers over all ranks (counts, flags, metric sums), in one
     float64 all-reduce on ``device``."""
-    import torch.distributed as dist
-
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return t.tolist()
+    return all_reduce_sum(torch.tensor(values, dtype=torch.float64), device).tolist()
 
 
 def _buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[list[torch.nn.Parameter]]:
@@ -67,35 +72,28 @@ def _buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[list[t
     return out
 
 
-def all_reduce_gradients(params: list[torch.nn.Parameter], weight: float, device: torch.device,
-                         bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> float:
-    """Replace each ``p.grad`` by the weight-averaged gradient over all ranks; returns sum_r n_r.
+def all_reduce_gradients(params: list[torch.nn.Parameter], device: torch.device,
+                         bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+    """Replace each ``p.grad`` by its sum over all ranks (a missing gradient counts as zeros), in
+    flat fp32 buckets on ``device``: one all-reduce per adapter unless it exceeds ``bucket_bytes``.
 
-    ``weight`` is this rank's n_r (0 for a rank that had no data: its missing gradients count as
-    zeros). When the total weight is 0 the gradients are left at zero. fp32 buckets on ``device``.
+    A sum, not a mean: the trainer divides each rank's loss by the *global* token (or sample) count
+    of the minibatch, so the summed gradient is the token-weighted mean over all ranks.
     """
     import torch.distributed as dist
 
-    total = None
-    for k, bucket in enumerate(_buckets(params, bucket_bytes)):
-        parts = [(p.grad.detach().float() * weight).reshape(-1) if p.grad is not None else
-                 torch.zeros(p.numel(), dtype=torch.float32, device=device) for p in bucket]
-        if k == 0:
-            parts.append(torch.tensor([float(weight)], dtype=torch.float32, device=device))
-        flat = torch.cat([x.to(device) for x in parts])  # (bucket numel [+1],)
+    for bucket in _buckets(params, bucket_bytes):
+        flat = torch.cat([p.grad.detach().float().reshape(-1).to(device) if p.grad is not None else
+                          torch.zeros(p.numel(), dtype=torch.float32, device=device) for p in bucket])
         dist.all_reduce(flat)
-        if k == 0:
-            total = float(flat[-1])
-        scale = 1.0 / total if total > 0 else 0.0
         offset = 0
         for p in bucket:
-            g = (flat[offset:offset + p.numel()] * scale).view_as(p).to(p.dtype)
+            g = flat[offset:offset + p.numel()].view_as(p).to(p.dtype)
             if p.grad is None:
                 p.grad = g
             else:
                 p.grad.copy_(g)
             offset += p.numel()
-    return total or 0.0
 
 
 def check_strategy(strategy: str, device: torch.device) -> None:

@@ -47,39 +47,29 @@ from pathlib import Path
 import torch
 
 from ..errors import MarftError
+from . import distributed as D
 from . import losses as L
+from . import microbatch
 from .advantages import gae_along_d, successors
 from .batch import Batch, Sample, build_batch
 from .config import MarftConfig
 from .critic import ValueHead, critic_params, features, values
 from .factor import agent_graph_stats, clip_factor, dependency_order, factor_sources, factor_stats, fold_factor
-from .policy import MultiAgentPolicy, pack, pick_device
+from .policy import CRITIC_ADAPTER, MultiAgentPolicy, pack, pick_device
+from .snapshot import RollbackSnapshot
 from .rollout import RolloutPolicy, evaluate
 
 log = logging.getLogger("marft_bridge.trainers")
-
-
-def _dist():
-    """(rank, world size), joining the process group torchrun / accelerate set up in the environment."""
-    import torch.distributed as dist
-
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend)
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 class MarftTrainer:
     def __init__(self, config: MarftConfig | None, base_model_path, agents: list[str], *,
                  device: str | None = None, out_dir: str | Path | None = None):
         self.config = config = config or MarftConfig()
-        self.rank, self.world = _dist()
+        self.rank, self.world = D.init_from_env()
         torch.manual_seed(config.seed)  # identical LoRA init on every rank
         self.device = pick_device(device or config.device)
+        D.check_strategy(config.parallelism, self.device)
         self.policy = MultiAgentPolicy(base_model_path, agents, config, self.device)
         unknown = set(config.frozen_agents) - set(self.policy.agents)
         if unknown:
@@ -96,7 +86,10 @@ class MarftTrainer:
         self.order_gen = torch.Generator().manual_seed(config.seed + 1)  # agent orders (same on every rank)
         self.update_count = 0
         self.out_dir = Path(out_dir) if out_dir else None
-        self._stable = self._snapshot()
+        # Last stable state for the collapse guard: host copies, refreshed for the groups that changed.
+        self._stable = RollbackSnapshot(pin=self.device.type == "cuda")
+        self._stable.take(self._groups())
+        self._changed: set[str] = set()
         log.info("MARFT config:\n%s", config.to_yaml())
         if self.out_dir and self.rank == 0:  # the effective config, beside metrics.jsonl
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -137,12 +130,9 @@ class MarftTrainer:
         out: dict[str, float] = {}
         for agent in {s.agent for s in batch.samples}:
             ss = [s for s in batch.samples if s.agent == agent]
-            for k in range(0, len(ss), self.config.forward_batch_size):
-                chunk = ss[k:k + self.config.forward_batch_size]
-                logp, _, _, _ = self._forward(p.adapter_of[agent], chunk, grad=False)
-                for s, lp in zip(chunk, logp.split([len(s.act_ids) for s in chunk])):
-                    w = 0.0 if s.beh_logp is None else lp.sum().item() - sum(s.beh_logp)
-                    out[s.episode_id] = out.get(s.episode_id, 0.0) + w
+            for s, lp in zip(ss, self._token_logprobs(p.adapter_of[agent], ss)):
+                w = 0.0 if s.beh_logp is None else lp.sum().item() - sum(s.beh_logp)
+                out[s.episode_id] = out.get(s.episode_id, 0.0) + w
         return out
 
     def train(self, env_fn, iterations: int, episodes_per_iteration: int | None = None, progress: bool = False):
@@ -212,9 +202,25 @@ class MarftTrainer:
                 raise MarftError(f"adapter {path} does not fit this LoRA config: {str(e).splitlines()[0]}") from None
             if res.unexpected_keys:
                 raise MarftError(f"adapter {path} has weights this model lacks: {res.unexpected_keys[:3]}")
-        self._stable = self._snapshot()
+        self._stable.take(self._groups())
 
     # -- one update ----------------------------------------------------------------------------------
+
+    def _plan(self, samples: list[Sample]) -> list[list[int]]:
+        """Micro-batches of ``samples`` (indices): padded tokens <= micro_batch_tokens, sorted by length."""
+        return microbatch.plan([len(s.obs_ids) + len(s.act_ids) for s in samples], self.config.micro_batch_tokens,
+                               self.config.forward_batch_size)
+
+    @torch.no_grad()
+    def _token_logprobs(self, adapter, samples: list[Sample]) -> list[torch.Tensor]:
+        """Per sample its (L_k,) token log-probs under ``adapter`` (None: the reference), micro-batched."""
+        out: list = [None] * len(samples)
+        for mb in self._plan(samples):
+            ss = [samples[i] for i in mb]
+            logp = self._forward(adapter, ss, grad=False)[0]
+            for i, lp in zip(mb, logp.split([len(s.act_ids) for s in ss])):
+                out[i] = lp
+        return out
 
     def _forward(self, adapter, samples: list[Sample], grad: bool, entropy: bool = False):
         packed = pack([s.obs_ids for s in samples], [s.act_ids for s in samples], self.policy.pad_id, self.device)
@@ -235,8 +241,8 @@ class MarftTrainer:
         for i, s in enumerate(samples):
             by_adapter.setdefault(self.policy.adapter_of[s.agent], []).append(i)
         for adapter, idx in by_adapter.items():
-            for k in range(0, len(idx), c.forward_batch_size):
-                chunk = idx[k:k + c.forward_batch_size]
+            for plan in self._plan([samples[i] for i in idx]):
+                chunk = [idx[j] for j in plan]
                 ss = [samples[i] for i in chunk]
                 lens = [len(s.act_ids) for s in ss]
                 logp, _, packed, _ = self._forward(adapter, ss, grad=False)
@@ -265,9 +271,7 @@ class MarftTrainer:
         n = len(present)
         stats = agent_graph_stats(present, [s.agent for s in batch.samples], [s.episode for s in batch.samples], anc)
         if self.world > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(stats)
+            stats = D.all_reduce_sum(stats, self.device)
         keep = [i for i in range(n) if stats[i, n] > 0]
         present = [present[i] for i in keep]
         if self.config.agent_order == "dependency":
@@ -332,12 +336,15 @@ class MarftTrainer:
                 kls = []
                 for mb in self._minibatches(idx, gen):
                     loss = None
+                    units, tokens = self._global_counts(S, mb, token_level)
                     if mb:
-                        loss, stats = self._policy_loss(adapter, S, mb, prox, ref, beh, adv_s, factor, token_level)
+                        loss, stats = self._policy_backward(adapter, S, mb, prox, ref, beh, adv_s, factor,
+                                                            token_level, units, tokens)
                         for k, v in stats.items():
                             acc[k].append(v)
                         kls.append(stats["approx_kl"])
-                    self._step(params, self.optims[adapter], loss, m, f"policy {agent or adapter}")
+                    self._step(params, self.optims[adapter], loss, m, f"policy {agent or adapter}",
+                               f"policy.{adapter}")
                 if c.target_kl is not None and (kl := self._mean_all(kls)) > c.target_kl:
                     log.warning("agent %s: approx-KL %.4g > target_kl %s after epoch %d; stopping its epochs",
                                 agent or adapter, kl, c.target_kl, epoch + 1)
@@ -349,8 +356,7 @@ class MarftTrainer:
                 with torch.no_grad():
                     ss = [S[i] for i in idx]
                     ln = [len(s.act_ids) for s in ss]
-                    new_tok = torch.cat([self._forward(adapter, ss[k:k + c.forward_batch_size], grad=False)[0]
-                                         for k in range(0, len(ss), c.forward_batch_size)])  # (sum L,)
+                    new_tok = torch.cat(self._token_logprobs(adapter, ss))  # (sum L,)
                     prox_tok = torch.cat([prox[i] for i in idx])
                     log_ratio = torch.zeros(K, dtype=torch.float64)  # (K,) sum new - sum prox, this agent's
                     log_ratio[idx] = torch.stack([t.sum() for t in (new_tok - prox_tok).split(ln)]).double().cpu()
@@ -363,21 +369,11 @@ class MarftTrainer:
         for _ in range(c.ppo_epochs):
             for mb in self._minibatches(list(range(K)), self.gens["critic"]):
                 loss = None
+                units, _ = self._global_counts(S, mb, token_level)
                 if mb:
-                    cat = torch.cat if token_level else torch.stack
-                    if feats[mb[0]] is not None:
-                        v = self.head(cat([feats[i] for i in mb]))
-                    else:
-                        ss = [S[i] for i in mb]
-                        packed = pack([s.obs_ids for s in ss], [s.act_ids for s in ss], self.policy.pad_id, self.device)
-                        v = values(self.policy, self.head, packed, token_level)
-                    # L_V = c_V * E[max(huber(V - R), huber(V_old + clip(V - V_old, -eps_V, eps_V) - R))]
-                    value_loss = c.value_coef * L.clipped_value_loss(v, cat([old_v[i] for i in mb]),
-                                                                     cat([ret_s[i] for i in mb]),
-                                                                     c.value_clip, c.huber_delta)
-                    acc["value_loss"].append(float(value_loss.detach()))
-                    loss = value_loss
-                self._step(critic, self.critic_optim, loss, m, "critic")
+                    loss = self._critic_backward(S, mb, feats, old_v, ret_s, token_level, units)
+                    acc["value_loss"].append(loss * units / self._units(S, mb, token_level))  # local mean
+                self._step(critic, self.critic_optim, loss, m, "critic", "critic")
 
         # 5. Metrics: means over minibatches; M as each sample's update used it (quantiles, clipfrac).
         for k, v in acc.items():
@@ -386,41 +382,91 @@ class MarftTrainer:
         self.last_factor = seen_m.tolist()  # diagnostics: per sample, in batch order
         return m
 
-    def _policy_loss(self, adapter, S, mb, prox, ref, beh, adv_s, factor, token_level):
+    def _units(self, S, mb, token_level) -> int:
+        # What the minibatch's PPO / value losses average over: tokens (MARFT-T) or actions (MARFT-A).
+        return sum(len(S[i].act_ids) for i in mb) if token_level else len(mb)
+
+    def _global_counts(self, S, mb, token_level) -> tuple[float, float]:
+        """(units, tokens) of this minibatch summed over all ranks: every rank divides its loss sums by
+        these, so the summed gradients are the token-weighted mean over ranks (distributed.py)."""
+        counts = [float(self._units(S, mb, token_level)), float(sum(len(S[i].act_ids) for i in mb))]
+        if self.world > 1:
+            counts = D.sum_floats(counts, self.device)
+        return counts[0], counts[1]
+
+    def _policy_backward(self, adapter, S, mb, prox, ref, beh, adv_s, factor, token_level, units, tokens):
+        """Backward of the minibatch's policy loss, micro-batch by micro-batch (gradients accumulate);
+        returns (the loss value, its stats). Each micro-batch's means are weighted by its share of the
+        minibatch's units / tokens over all ranks, so the accumulated gradient is the whole minibatch's."""
         c = self.config
-        ss = [S[i] for i in mb]
-        ln = [len(s.act_ids) for s in ss]  # L_b: action tokens of minibatch sample b
-        self.policy.model.train()
-        new_tok, ent, _, _ = self._forward(adapter, ss, grad=True, entropy=True)  # (N,), (N,): N = sum L_b
-        self.policy.model.eval()
-        prox_tok = torch.cat([prox[i] for i in mb])  # (N,)
-        beh_tok = torch.cat([beh[i] for i in mb])  # (N,)
-        ref_tok = torch.cat([ref[i] for i in mb])  # (N,)
-        mfac = factor[mb]  # (B,) M per sample
-        if token_level:  # MARFT-T: one PPO sample per token
-            new, old, b = new_tok, prox_tok, beh_tok  # (N,)
-            adv = torch.cat([adv_s[i] for i in mb])  # (N,)
-            mfac = mfac.repeat_interleave(torch.tensor(ln, device=self.device))  # (N,)
-        else:  # MARFT-A: one PPO sample per action
-            new, old, b = self._reduce(new_tok, ln), self._reduce(prox_tok, ln), self._reduce(beh_tok, ln)  # (B,)
-            adv = torch.stack([adv_s[i] for i in mb])  # (B,)
-        if c.normalize_advantages:
+        adv = torch.cat([adv_s[i] for i in mb]) if token_level else torch.stack([adv_s[i] for i in mb])
+        if c.normalize_advantages:  # over the whole minibatch, before it is split
             adv = L.normalize(adv)
-        w = L.behaviour_weights(old, b, c.behaviour_weight_cap)  # w = min(exp(prox - beh), cap)
-        # L_clip = -E[w * min(r M A, clip(r, 1 - eps, 1 + eps) M A)],  r = exp(new - prox)
-        pg_loss = L.clipped_surrogate(new, old, adv * mfac, w, c.clip)
-        # L_KL = E_tokens[1/2 (log pi - log ref)^2]  (k2: its gradient is that of KL(pi || ref))
-        kl_loss = L.kl_k2(new_tok, ref_tok).mean()
-        # H = E_tokens[-sum_v p_v log p_v]
-        entropy = ent.mean()
-        loss = pg_loss + c.kl_coef * kl_loss - c.entropy_coef * entropy
-        with torch.no_grad():
-            ratio = torch.exp(new - old)  # the surrogate's ratio: per action (A) or per token (T)
-            stats = {"policy_loss": float(pg_loss), "kl_ref": float(L.kl_k3(new_tok, ref_tok).mean()),
-                     "entropy": float(entropy), "approx_kl": float(L.approx_kl(new, old)),
-                     "clipfrac": float(((ratio - 1).abs() > c.clip).float().mean()),
-                     "behaviour_weight": float(w.mean())}
-        return loss, stats
+        ln = [len(S[i].act_ids) for i in mb]  # L_b: action tokens of minibatch sample b
+        adv_b = dict(zip(mb, adv.split(ln) if token_level else adv.unbind(0)))
+        local_units, local_tokens = self._units(S, mb, token_level), sum(ln)
+        total, stats = 0.0, dict.fromkeys(("policy_loss", "kl_ref", "entropy", "approx_kl", "clipfrac",
+                                           "behaviour_weight"), 0.0)
+        with self.policy.grad_mode():
+            for plan in self._plan([S[i] for i in mb]):
+                sub = [mb[j] for j in plan]
+                ss = [S[i] for i in sub]
+                lm = [len(s.act_ids) for s in ss]
+                new_tok, ent, _, _ = self._forward(adapter, ss, grad=True, entropy=True)  # (N,), (N,): N = sum L_b
+                prox_tok = torch.cat([prox[i] for i in sub])  # (N,)
+                beh_tok = torch.cat([beh[i] for i in sub])  # (N,)
+                ref_tok = torch.cat([ref[i] for i in sub])  # (N,)
+                mfac = factor[sub]  # (B,) M per sample
+                if token_level:  # MARFT-T: one PPO sample per token
+                    new, old, b = new_tok, prox_tok, beh_tok  # (N,)
+                    mfac = mfac.repeat_interleave(torch.tensor(lm, device=self.device))  # (N,)
+                    a = torch.cat([adv_b[i] for i in sub])  # (N,)
+                else:  # MARFT-A: one PPO sample per action
+                    new, old, b = self._reduce(new_tok, lm), self._reduce(prox_tok, lm), self._reduce(beh_tok, lm)
+                    a = torch.stack([adv_b[i] for i in sub])  # (B,)
+                su, st = new.numel() / units, new_tok.numel() / tokens  # shares of the minibatch (all ranks)
+                w = L.behaviour_weights(old, b, c.behaviour_weight_cap)  # w = min(exp(prox - beh), cap)
+                # L_clip = -E[w * min(r M A, clip(r, 1 - eps, 1 + eps) M A)],  r = exp(new - prox)
+                pg_loss = L.clipped_surrogate(new, old, a * mfac, w, c.clip)
+                # L_KL = E_tokens[1/2 (log pi - log ref)^2]  (k2: its gradient is that of KL(pi || ref))
+                kl_loss = L.kl_k2(new_tok, ref_tok).mean()
+                # H = E_tokens[-sum_v p_v log p_v]
+                entropy = ent.mean()
+                loss = su * pg_loss + st * (c.kl_coef * kl_loss - c.entropy_coef * entropy)
+                loss.backward()
+                total += float(loss.detach())
+                with torch.no_grad():  # stats: this rank's minibatch means
+                    lu, lt = new.numel() / local_units, new_tok.numel() / local_tokens
+                    ratio = torch.exp(new - old)  # the surrogate's ratio: per action (A) or per token (T)
+                    stats["policy_loss"] += lu * float(pg_loss)
+                    stats["kl_ref"] += lt * float(L.kl_k3(new_tok, ref_tok).mean())
+                    stats["entropy"] += lt * float(entropy)
+                    stats["approx_kl"] += lu * float(L.approx_kl(new, old))
+                    stats["clipfrac"] += lu * float(((ratio - 1).abs() > c.clip).float().mean())
+                    stats["behaviour_weight"] += lu * float(w.mean())
+        return total, stats
+
+    def _critic_backward(self, S, mb, feats, old_v, ret_s, token_level, units) -> float:
+        """Backward of the minibatch's value loss (micro-batched through a LoRA critic backbone); its value."""
+        c = self.config
+        cat = torch.cat if token_level else torch.stack
+        plans = [list(range(len(mb)))] if feats[mb[0]] is not None else self._plan([S[i] for i in mb])
+        total = 0.0
+        for plan in plans:
+            sub = [mb[j] for j in plan]
+            if feats[sub[0]] is not None:  # frozen backbone: the reference pass's features, head only
+                v = self.head(cat([feats[i] for i in sub]))
+            else:
+                ss = [S[i] for i in sub]
+                packed = pack([s.obs_ids for s in ss], [s.act_ids for s in ss], self.policy.pad_id, self.device)
+                v = values(self.policy, self.head, packed, token_level)
+            # L_V = c_V * E[max(huber(V - R), huber(V_old + clip(V - V_old, -eps_V, eps_V) - R))]
+            value_loss = c.value_coef * L.clipped_value_loss(v, cat([old_v[i] for i in sub]),
+                                                             cat([ret_s[i] for i in sub]), c.value_clip, c.huber_delta)
+            loss = value_loss * (v.numel() / units)
+            loss.backward()
+            total += float(loss.detach())
+        return total
 
     def _minibatches(self, idx: list[int], gen: torch.Generator) -> list[list[int]]:
         # Exactly num_minibatches chunks (some may be empty) so every DDP rank takes the same steps.
@@ -431,40 +477,31 @@ class MarftTrainer:
         chunks = [[idx[j] for j in perm[k::n]] for k in range(n)]
         return chunks if self.world > 1 else [ch for ch in chunks if ch]
 
-    def _step(self, params, optim, loss, metrics, what: str) -> None:
-        """Backward + (DDP-averaged) gradient + clip + step; a non-finite loss skips the step, logged."""
-        bad = torch.tensor([0.0 if loss is None or torch.isfinite(loss).item() else 1.0])
+    def _step(self, params, optim, loss: float | None, metrics, what: str, group: str) -> None:
+        """(Token-weighted all-reduced) accumulated gradient + clip + step; a non-finite loss on any rank
+        skips the step, logged. The backward passes already ran (``_policy_backward``)."""
+        bad = [0.0 if loss is None or math.isfinite(loss) else 1.0]
         if self.world > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(bad)
-        optim.zero_grad(set_to_none=True)
-        if bad.item() > 0:
+            bad = D.sum_floats(bad, self.device)
+        if bad[0] > 0:
+            optim.zero_grad(set_to_none=True)
             metrics["skipped_nonfinite"] += 1
             log.warning("update %d: non-finite %s loss; step skipped", self.update_count + 1, what)
             return
-        if loss is not None:
-            loss.backward()
         if self.world > 1:
-            import torch.distributed as dist
-
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad)
-                p.grad /= self.world
+            D.all_reduce_gradients(params, self.device)  # one flat all-reduce per adapter
         elif loss is None:
             return
         torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
         optim.step()
+        optim.zero_grad(set_to_none=True)
+        self._changed.add(group)
 
     def _mean_all(self, xs: list[float]) -> float:
-        t = torch.tensor([sum(xs), float(len(xs))], dtype=torch.float64)
+        t = [sum(xs), float(len(xs))]
         if self.world > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(t)
-        return float(t[0] / t[1]) if t[1] > 0 else float("nan")
+            t = D.sum_floats(t, self.device)
+        return t[0] / t[1] if t[1] > 0 else float("nan")
 
     # -- guards ---------------------------------------------------------------------------------------
 
@@ -481,9 +518,10 @@ class MarftTrainer:
         if reasons:
             log.warning("update %d: collapse (%s); rolling back to the last stable state", self.update_count,
                         "; ".join(reasons))
-            self._restore(self._stable, counters=False)
+            self._stable.restore(self._groups(), self._changed)
         else:
-            self._stable = self._snapshot()
+            self._stable.take(self._groups(), self._changed)
+        self._changed = set()
 
     # -- state: snapshot, checkpoint, resume ----------------------------------------------------------
 
@@ -493,6 +531,15 @@ class MarftTrainer:
     def _named_weights(self) -> dict[str, torch.Tensor]:
         out = {n: p for n, p in self.policy.model.named_parameters() if "lora_" in n}
         out.update({f"value_head.{n}": p for n, p in self.head.named_parameters()})
+        return out
+
+    def _groups(self) -> dict[str, tuple[dict[str, torch.Tensor], torch.optim.Optimizer]]:
+        """Rollback groups: each adapter's named weights with its optimiser, and the critic's."""
+        pol = self.policy
+        out = {f"policy.{a}": (pol.adapter_named_params(a), o) for a, o in self.optims.items()}
+        critic = pol.adapter_named_params(CRITIC_ADAPTER) if self.config.critic_backbone == "lora" else {}
+        critic.update({f"value_head.{n}": p for n, p in self.head.named_parameters()})
+        out["critic"] = (critic, self.critic_optim)
         return out
 
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
@@ -578,7 +625,7 @@ class MarftTrainer:
             optim[name] = {"state": st, "param_groups": meta["param_groups"]}
         self._restore({"weights": {n: t.to(self.device) for n, t in weights.items()}, "optim": optim,
                        "rng": rng, "update_count": state["update_count"]})
-        self._stable = self._snapshot()
+        self._stable.take(self._groups())
 
 
 class _progress:

@@ -16,9 +16,9 @@ from __future__ import annotations
 DEFAULT_MICRO_BATCH_TOKENS = 16384
 
 
-def plan(lengths: list[int], budget: int) -> list[list[int]]:
+def plan(lengths: list[int], budget: int, max_rows: int | None = None) -> list[list[int]]:
     """Indices into ``lengths`` grouped into micro-batches of padded size <= budget (one per
-    over-long sequence), longest first; every index appears exactly once."""
+    over-long sequence) and at most ``max_rows`` sequences, longest first; every index exactly once."""
     if budget < 1:
         raise ValueError(f"micro_batch_tokens must be >= 1, got {budget}")
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
@@ -26,7 +26,7 @@ def plan(lengths: list[int], budget: int) -> list[list[int]]:
     cur: list[int] = []
     for i in order:
         # Sorted longest first: the current micro-batch's width is its first sequence's length.
-        if cur and lengths[cur[0]] * (len(cur) + 1) > budget:
+        if cur and (lengths[cur[0]] * (len(cur) + 1) > budget or (max_rows and len(cur) >= max_rows)):
             out.append(cur)
             cur = []
         cur.append(i)

@@ -134,7 +134,10 @@ class MultiAgentPolicy:
         ckpt = option(config, "gradient_checkpointing", None)
         self.gradient_checkpointing = device.type == "cuda" if ckpt is None else bool(ckpt)
         if self.gradient_checkpointing:
-            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.23's name
+                base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             base.enable_input_require_grads()  # peft's hook: checkpointed inputs need a gradient
             base.config.use_cache = False
         if not agents:
@@ -171,13 +174,16 @@ class MultiAgentPolicy:
 
     # -- adapters ------------------------------------------------------------------------------------
 
-    def adapter_params(self, adapter: str) -> list[torch.nn.Parameter]:
-        out = []
+    def adapter_named_params(self, adapter: str) -> dict[str, torch.nn.Parameter]:
+        out = {}
         for n, p in self.model.named_parameters():
             parts = n.split(".")
             if any(a.startswith("lora_") and b == adapter for a, b in zip(parts, parts[1:])):
-                out.append(p)
+                out[n] = p
         return out
+
+    def adapter_params(self, adapter: str) -> list[torch.nn.Parameter]:
+        return list(self.adapter_named_params(adapter).values())
 
     def activate(self, adapter: str | None):
         """Context: the named adapter active (only it trainable), or None for the base model."""
