@@ -168,3 +168,6 @@ def test_show_prints_tool_calls_and_tool_steps(tmp_path):
         "t1": "add(a=2, b=3) = 5",
         "t2": 'add(a="x") ! error: ValueError: not a number',
     }
+    # The dependency graph names each tool step's tool.
+    assert "#1 supervisor/agent (tool transfer_to_math_expert)" in r.stdout
+    assert "#3 math_expert/agent (tool add)" in r.stdout and "#2 math_expert/agent (llm)" in r.stdout

@@ -216,7 +216,7 @@ def _show(args) -> int:
         for a in ep.topological_order():
             if a.step != step:
                 continue
-            node = branch.add(f"{short[a.id]} {a.agent} ({a.kind})")
+            node = branch.add(f"{short[a.id]} {a.agent} ({_kind_text(a)})")
             for d in a.depends_on:
                 node.add(f"<- {short[d]} {by_id[d].agent} (step {by_id[d].step})")
     console.print(tree)
@@ -234,16 +234,26 @@ def _call_text(call: dict) -> str:
     return f"{fn['name'] or '?'}({inner})"
 
 
+def _tool_call_of(a) -> dict | None:
+    """The call a tool step ran (recorded as the assistant tool call in its observation), or None."""
+    calls = [c for m in a.observation.messages for c in (m.tool_calls or ())]
+    return calls[-1] if calls else None
+
+
+def _kind_text(a) -> str:
+    call = _tool_call_of(a) if a.kind == "tool" else None
+    name = call and (call.get("function") or {}).get("name")
+    return f"tool {name}" if name else a.kind
+
+
 def _output_text(a) -> str:
     """The output column: an llm action's text and the tool calls it made (``-> add(a=2, b=3)``); a tool
     step's call and its result (``add(a=2, b=3) = 5``) or error; else the text or error."""
-    if a.kind == "tool":
-        calls = [c for m in a.observation.messages for c in (m.tool_calls or ())]
-        if calls:
-            call = _call_text(calls[-1])
-            goto = a.metadata.get("handoff.goto")
-            handoff = f" (handoff -> {goto})" if goto else ""
-            return _preview(f"{call} ! error: {a.error}" if a.error else f"{call} = {a.output.text}{handoff}", 100)
+    if a.kind == "tool" and (tool_call := _tool_call_of(a)) is not None:
+        call = _call_text(tool_call)
+        goto = a.metadata.get("handoff.goto")
+        handoff = f" (handoff -> {goto})" if goto else ""
+        return _preview(f"{call} ! error: {a.error}" if a.error else f"{call} = {a.output.text}{handoff}", 100)
     if a.error:
         return _preview(f"error: {a.error}", 60)
     calls = ", ".join(_call_text(c) for c in a.output.tool_calls or ())
