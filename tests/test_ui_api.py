@@ -222,6 +222,24 @@ def test_action_detail_tool_call_tokens_policy_sampling(ui):
     assert write["token_source"] == "retokenize"
 
 
+def test_tokens_shown_as_text_with_a_tokenizer(store, tmp_path):
+    from marft_bridge.tinymodel import build_tokenizer
+    from marft_bridge.ui.app import create_app
+
+    tok = build_tokenizer()
+    tok.save_pretrained(tmp_path / "tok")
+    ids = tok.encode("cats\n", add_special_tokens=False) + [tok.eos_token_id]
+    ep = Episode(id="tokens", actions=[Action(id="a", agent="planner", output={
+        "text": "cats\n", "token_ids": ids, "logprobs": [-0.5] * len(ids)})])
+    store.add_episode(ep)
+    d = client_for(create_app(store, tokenizer=tmp_path / "tok")).get("/api/episodes/tokens/actions/a").json()
+    assert [t["text"] for t in d["tokens"]] == ["c", "a", "t", "s", "\n", "<|im_end|>"]
+    assert [t["id"] for t in d["tokens"]] == ids
+    assert "text" not in client_for(create_app(store)).get("/api/episodes/tokens/actions/a").json()["tokens"][0]
+    with pytest.raises(mb.MarftError, match="--tokenizer"):
+        create_app(store, tokenizer=tmp_path / "nothing-here")
+
+
 def test_action_list_paging_and_export(ui):
     c, ids, store = ui
     page = c.get("/api/episodes/tool-episode-1/actions", params={"limit": 2, "offset": 1}).json()

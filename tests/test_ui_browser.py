@@ -96,7 +96,8 @@ def test_browser_episode_list_graph_action_and_run_plot(chromium, live_ui, tmp_p
             viewport={"width": 1500, "height": 1000})
         try:
             page = browser.new_page()
-            page.set_default_timeout(20_000)
+            page.set_default_timeout(30_000)
+            expect.set_options(timeout=30_000)  # a shared, loaded CI machine: waits, not timing checks
             failed: list[str] = []
             page.on("pageerror", lambda e: failed.append(str(e)))
             page.on("requestfailed", lambda r: failed.append(r.url))

@@ -41,8 +41,20 @@ def _host_name(host_header: str) -> str:
     return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
 
 
+def load_decoder(path: str | Path):
+    """``ids -> [text of each id]`` from a local tokenizer directory (the base model's, say)."""
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - missing package, missing or unreadable files: one message
+        raise MarftError(f"--tokenizer {path}: cannot load a tokenizer there ({type(e).__name__}: {e})") from None
+    return lambda ids: [tok.decode([i]) for i in ids]
+
+
 def create_app(store, *, registry: str | Path | None = None, runs: list[str | Path] = (),
-               service_state: str | Path | None = None, api_key: str | None = None):
+               service_state: str | Path | None = None, api_key: str | None = None,
+               tokenizer: str | Path | None = None):
     from ..store import EpisodeNotFound
 
     index = EpisodeIndex(store)
@@ -50,6 +62,7 @@ def create_app(store, *, registry: str | Path | None = None, runs: list[str | Pa
     registry_dir = Path(registry).expanduser().resolve() if registry else None
     state_dir = Path(service_state).expanduser().resolve() if service_state else None
     static = _static_files()
+    decode = load_decoder(tokenizer) if tokenizer else None
     app = FastAPI(title="marft ui", docs_url=None, redoc_url=None, openapi_url=None)
 
     def error(status: int, message: str) -> JSONResponse:
@@ -144,7 +157,7 @@ def create_app(store, *, registry: str | Path | None = None, runs: list[str | Pa
         if ep is None:
             return error(404, f"no episode {episode_id!r}")
         try:
-            return action_view(ep, action_id)
+            return action_view(ep, action_id, decode)
         except KeyError:
             return error(404, f"episode {episode_id!r} has no action {action_id!r}")
 

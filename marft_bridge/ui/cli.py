@@ -29,6 +29,8 @@ def add_commands(sub) -> None:
                    help="directories searched for training runs (any folder holding metrics.jsonl)")
     p.add_argument("--service-state", metavar="DIR", default=None,
                    help="marft service state_dir (its decisions.jsonl is shown)")
+    p.add_argument("--tokenizer", metavar="DIR", default=None,
+                   help="local tokenizer directory (e.g. the base model's) to show sampled token ids as text")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--api-key", default=None,
@@ -74,7 +76,8 @@ def _ui(args) -> int:
     registry = args.registry if os.path.isdir(args.registry) else None
     if registry is None:
         print(f"marft ui: no adapter registry at {args.registry}; the adapters view will be empty", file=sys.stderr)
-    app = create_app(store, registry=registry, runs=args.runs, service_state=args.service_state, api_key=api_key)
+    app = create_app(store, registry=registry, runs=args.runs, service_state=args.service_state, api_key=api_key,
+                     tokenizer=args.tokenizer)
     print(f"marft ui: {store.url} on http://{args.host}:{args.port}/", file=sys.stderr, flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -337,8 +337,9 @@ def action_page(ep: Episode, params: dict[str, str]) -> dict:
             "items": [action_row(k, a) for k, a in rows[offset:offset + limit]]}
 
 
-def action_view(ep: Episode, action_id: str) -> dict:
-    """One action in full (its record as JSON), with its place in D and the rewards crediting it."""
+def action_view(ep: Episode, action_id: str, decode=None) -> dict:
+    """One action in full (its record as JSON), with its place in D and the rewards crediting it.
+    ``decode(ids) -> [text of each id]``, when a tokenizer was given, names the sampled tokens."""
     k, a = next(((k, a) for k, a in enumerate(ep.actions) if a.id == action_id), (None, None))
     if a is None:
         raise KeyError(action_id)
@@ -347,5 +348,8 @@ def action_view(ep: Episode, action_id: str) -> dict:
     if a.output.token_ids is not None:
         lps = a.output.logprobs or [None] * len(a.output.token_ids)
         tokens = [{"id": t, "logprob": lp} for t, lp in zip(a.output.token_ids, lps)]
+        if decode is not None:
+            for tok, text in zip(tokens, decode(a.output.token_ids)):
+                tok["text"] = text
     return {"index": k, "record": a.model_dump(mode="json"), "dependants": dependants, "tokens": tokens,
             "rewards": [{k: v for k, v in c.items() if k != "actions"} for c in credited(ep) if action_id in c["actions"]]}

@@ -195,10 +195,13 @@ function tokensBlock(rec, tokens) {
   }
   const shown = tokens.slice(0, 4000);
   return h("div", { id: "tokens", "data-token-source": src },
-    h("p", { class: "muted" }, `token source: ${src} · ${tokens.length} tokens · colour = behaviour log-prob (green ≈ 0, red ≤ −6)` +
+    h("p", { class: "muted" }, `token source: ${src} · ${tokens.length} tokens` +
+      (tokens.length && tokens[0].text === undefined ? " (ids; marft ui --tokenizer DIR shows them as text)" : "") +
+      " · colour = behaviour log-prob (green ≈ 0, red ≤ −6)" +
       (shown.length < tokens.length ? ` · first ${shown.length} shown` : "")),
     h("div", { class: "tokens" }, shown.map((t, i) => h("span", { class: "tok", style: `background:${lpColour(t.logprob)}`,
-      title: `#${i} id ${t.id} log-prob ${t.logprob === null ? "?" : t.logprob.toFixed(4)}` }, String(t.id)))));
+      title: `#${i} id ${t.id} log-prob ${t.logprob === null ? "?" : t.logprob.toFixed(4)}` },
+      t.text === undefined ? String(t.id) : t.text.replace(/ /g, "·").replace(/\n/g, "↵") || "∅"))));
 }
 
 function duration(a, b) {
