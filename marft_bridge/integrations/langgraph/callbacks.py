@@ -108,7 +108,7 @@ def _end(run_id: UUID, response: Any = None, error: BaseException | None = None)
             fields = {"observation": _observation(call), "policy": {"name": call.model},
                       "sampling": convert.sampling(call.params), "error": f"{type(error).__name__}: {error}"}
         elif sink is not None and sink.response is not None:
-            fields = oa.completion_fields(sink.request or {}, sink.response)
+            fields = oa.call_fields(sink.path, sink.request or {}, sink.response)
             obs = fields["observation"]
             mine = _observation(call)
             obs["messages"] = call.messages or obs["messages"]

@@ -1,9 +1,15 @@
-"""LangChain messages, invocation parameters and tool results as record fields (no LangGraph import)."""
+"""LangChain messages, invocation parameters and tool results as record fields (no LangGraph import).
+
+The OpenAI shapes themselves (content text, tool calls, offered tools) come from
+``marft_bridge.messages``, shared with the raw-client capture, OTel and the server.
+"""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from ... import messages as shapes
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "function",
           "HumanMessageChunk": "user", "AIMessageChunk": "assistant", "SystemMessageChunk": "system",
@@ -11,13 +17,7 @@ _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"
 _EMPTY: dict = {}
 
 
-def text(content: Any) -> str | None:
-    """Message content as one string (content parts joined)."""
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
-    return str(content)
+text = shapes.content_text
 
 
 def arguments_json(args: Any) -> str:
@@ -29,9 +29,7 @@ def tool_calls(msg: Any) -> list[dict] | None:
     calls = getattr(msg, "tool_calls", None)
     if not calls:
         return None
-    return [{"id": c.get("id"), "type": "function",
-             "function": {"name": c.get("name"), "arguments": json.dumps(c.get("args"), default=str)}}
-            for c in calls]
+    return [shapes.tool_call(c.get("id"), c.get("name"), c.get("args")) for c in calls]
 
 
 def message(m: Any) -> dict[str, Any]:
@@ -68,13 +66,11 @@ def sampling(params: dict[str, Any]) -> dict[str, Any] | None:
 
 def offered_tools(params: dict[str, Any]) -> tuple[list[dict] | None, Any]:
     """The function tools bound to a call (``invocation_params["tools"]``) and its ``tool_choice``."""
-    tools = [t for t in params.get("tools") or () if isinstance(t, dict) and t.get("type") == "function"
+    tools = [t for t in shapes.chat_tools(params.get("tools")) or () if t.get("type") == "function"
              and isinstance(t.get("function"), dict) and t["function"].get("name")]
-    choice = params.get("tool_choice")
+    choice = shapes.chat_tool_choice(params.get("tool_choice"))
     if isinstance(choice, str) and not 0 < len(choice) <= 64:
         choice = None
-    elif choice is not None and not isinstance(choice, (str, dict)):
-        choice = str(choice)
     return tools or None, choice
 
 
