@@ -12,59 +12,84 @@ import torch
 
 from marft_bridge.serving.process import free_port
 
+# One minibatch and no advantage normalisation: the only difference from one process training on
+# all 15 episodes is the split, so token-weighted averaging must reproduce that process's adapters.
+CONFIG = dict(ppo_epochs=2, num_minibatches=1, normalize_advantages=False, lr=1e-2,
+              target_modules=["q_proj", "v_proj", "o_proj"], micro_batch_tokens=64)
+
 WORKER = textwrap.dedent("""
-    import sys, torch
+    import json, sys, torch
     torch.set_num_threads(1)
     import torch.distributed as dist
     from marft_bridge.trainers.config import MarftConfig
     from marft_bridge.trainers.marft import MarftTrainer
     from marft_bridge.trainers.sources import read_jsonl
 
-    model, episodes, out = sys.argv[1:4]
-    cfg = MarftConfig(ppo_epochs=2, num_minibatches=2, lr=1e-2, target_modules=["q_proj", "v_proj", "o_proj"])
-    tr = MarftTrainer(cfg, model, agents=["a", "b"])
+    model, episodes, out, cfg = sys.argv[1:5]
+    seen = []  # (collective, device, numel) of every tensor handed to a collective
+    for name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_gather_into_tensor"):
+        real = getattr(dist, name)
+        def recording(t, *a, _real=real, _name=name, **kw):
+            seen.append((_name, str(t.device), t.numel() if torch.is_tensor(t) else -1))
+            return _real(t, *a, **kw)
+        setattr(dist, name, recording)
+    tr = MarftTrainer(MarftConfig(**json.loads(cfg)), model, agents=["a", "b"])
     assert (tr.rank, tr.world) == (dist.get_rank(), 2)
     tr.save_adapters(f"{out}/init{tr.rank}")
     m = tr.train_on(read_jsonl(episodes)[0])
     tr.save_adapters(f"{out}/rank{tr.rank}")
+    sizes = {a: sum(p.numel() for p in tr.policy.adapter_params(a)) for a in tr.policy.adapters}
     # one file per rank: two processes printing to one pipe can interleave mid-line
-    with open(f"{out}/summary{tr.rank}.txt", "w") as fh:
-        fh.write(f"samples {m['samples']} order {m['agent_order']}")
+    with open(f"{out}/summary{tr.rank}.json", "w") as fh:
+        json.dump({"samples": m["samples"], "order": m["agent_order"], "device": str(tr.device), "seen": seen,
+                   "adapter_numel": sizes}, fh)
     dist.destroy_process_group()
 """)
 
 
-def test_two_gloo_processes_end_a_step_with_identical_adapters(tiny_model_dir, tmp_path):
-    from marft_bridge.trainers.marft import MarftTrainer
+def test_two_gloo_processes_end_a_step_with_identical_token_weighted_adapters(tiny_model_dir, tmp_path):
+    import json
+
+    from safetensors.torch import load_file
+
     from marft_bridge.trainers.config import MarftConfig
+    from marft_bridge.trainers.marft import MarftTrainer
     from marft_bridge.trainers.rollout import RolloutPolicy
     from test_trainer import make_env
 
     torch.set_num_threads(1)
     tr = MarftTrainer(MarftConfig(), tiny_model_dir, agents=["a", "b"])
-    eps = make_env(2)(RolloutPolicy(tr), 15, 21)  # odd count: the ranks get 8 and 7 episodes
+    eps = make_env(3)(RolloutPolicy(tr), 15, 21)  # odd count: the ranks get 8 and 7 episodes
     (tmp_path / "eps.jsonl").write_text("".join(e.model_dump_json() + "\n" for e in eps))
-    (tmp_path / "worker.py").write_text(WORKER)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           str(tmp_path / "worker.py"), str(tiny_model_dir), str(tmp_path / "eps.jsonl"), str(tmp_path)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # only the process group this test started
-        out, _ = proc.communicate()
-    assert proc.returncode == 0, out[-3000:]
-    assert (tmp_path / "summary0.txt").read_text().startswith("samples 16 order ")
-    assert (tmp_path / "summary1.txt").read_text().startswith("samples 14 order ")
+    run_torchrun(WORKER, [str(tiny_model_dir), str(tmp_path / "eps.jsonl"), str(tmp_path), json.dumps(CONFIG)],
+                 tmp_path)
+    s0, s1 = (json.loads((tmp_path / f"summary{k}.json").read_text()) for k in (0, 1))
+    assert (s0["samples"], s1["samples"]) == (16, 14)  # unequal shards (and unequal token counts)
     f = "adapter_model.safetensors"
     for agent in ("a", "b"):
         r0 = (tmp_path / "rank0" / agent / f).read_bytes()
         assert r0 == (tmp_path / "rank1" / agent / f).read_bytes()
         assert (tmp_path / "init0" / agent / f).read_bytes() == (tmp_path / "init1" / agent / f).read_bytes()
         assert r0 != (tmp_path / "init0" / agent / f).read_bytes()  # the step did change them
+    # Token-weighted: the two ranks' step is the step of one process on all 30 samples.
+    single = MarftTrainer(MarftConfig(**CONFIG), tiny_model_dir, agents=["a", "b"])
+    single.train_on(eps)
+    single.save_adapters(tmp_path / "single")
+    for agent in ("a", "b"):
+        got, want = load_file(str(tmp_path / "rank0" / agent / f)), load_file(str(tmp_path / "single" / agent / f))
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], atol=5e-5, rtol=1e-4, msg=k)
+    # Every tensor handed to a collective was on the trainer's device (NCCL would refuse CPU tensors
+    # on a CUDA trainer), and each optimiser step all-reduced its adapter's gradients in one flat tensor.
+    for s in (s0, s1):
+        assert s["seen"] and all(dev == s["device"] for _, dev, _ in s["seen"])
+        assert {name for name, _, _ in s["seen"]} == {"all_reduce"}
+        grads = [n for _, _, n in s["seen"] if n > 100]
+        per_adapter = s["adapter_numel"]
+        critic = sum(p.numel() for p in single.head.parameters())  # frozen backbone: the value head
+        assert set(grads) == set(per_adapter.values()) | {critic}
+        # One all-reduce per step, not per tensor: 2 agents x 2 epochs x 1 minibatch + the critic's 2 epochs.
+        assert len(grads) == (len(per_adapter) + 1) * CONFIG["ppo_epochs"]
 
 
 COLLECTIVES = textwrap.dedent("""
