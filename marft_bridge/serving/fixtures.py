@@ -40,6 +40,45 @@ def make_random_adapter(
     return out_dir
 
 
+def train_memorising_model(
+    base_model: str | Path,
+    out_dir: str | Path,
+    prompt_ids: list[int],
+    target_ids: list[int],
+    *,
+    max_steps: int = 300,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> Path:
+    """Fine-tune a copy of a (tiny) base model until greedy decoding of ``prompt_ids`` gives
+    ``target_ids`` exactly, and save it (weights and tokenizer) as a model directory: a model that
+    writes what a test needs, e.g. a tool call, through the real sampling path. All weights are
+    trained (a LoRA on a random tiny model cannot move its tied embeddings far enough). Raises if
+    it has not memorised the target within ``max_steps`` Adam steps."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(base_model), dtype=torch.float32)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    ids, n = torch.tensor([list(prompt_ids) + list(target_ids)]), len(prompt_ids)
+    for step in range(max_steps):
+        opt.zero_grad()
+        logits = model(input_ids=ids).logits[0, n - 1 : -1]  # [len(target), V]: each target token's prediction
+        loss = torch.nn.functional.cross_entropy(logits, ids[0, n:])
+        # Done when greedy gives the target with a margin (a low loss), so batching noise cannot flip a token.
+        if float(loss) < 0.01 and torch.equal(logits.argmax(-1), ids[0, n:]):
+            break
+        loss.backward()
+        opt.step()
+    else:
+        raise RuntimeError(f"the model did not memorise its target in {max_steps} steps")
+    out_dir = Path(out_dir)
+    model.save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(str(base_model)).save_pretrained(out_dir)
+    return out_dir
+
+
 class DirectModel:
     """The base model with one adapter (or none), run without the server: the reference that
     served outputs and log-probs must equal."""
@@ -56,8 +95,10 @@ class DirectModel:
             model = PeftModel.from_pretrained(model, str(adapter_dir))
         self.model = model.eval()
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
-        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        kwargs = {"tools": tools} if tools else {}
+        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                       **kwargs)["input_ids"])
 
     def logprobs(self, prompt_ids: list[int], token_ids: list[int], temperature: float = 1.0):
         """``[len(token_ids), vocab]`` log-softmax(logits / T) at each generated position."""

@@ -272,7 +272,7 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
             rest, _ = parser.finish()
             count_tools(body, parser)
             if parser.calls:
-                message = {"role": "assistant", "content": (text + rest).strip() or None,
+                message = {"role": "assistant", "content": (text + rest) or None,
                            "tool_calls": [c.openai() for c in parser.calls]}
                 finish = "tool_calls"
         choice = {

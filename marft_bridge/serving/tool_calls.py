@@ -6,6 +6,7 @@ streamed and whole responses come out the same by construction: text outside cal
 OpenAI tool call (id ``call_...``, arguments a JSON string), and a block that is not a valid call
 (bad JSON, no name, arguments not an object) or is cut off comes back as text and is counted. Like
 vLLM, a last block left unclosed when generation ends is a call if its JSON is complete.
+Whitespace-only content (the newlines between calls) is dropped when calls were made.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class HermesParser:
         self.calls: list[ParsedToolCall] = []
         self.malformed = 0
         self.dropped = 0
+        self.blank = ""  # whitespace-only content, held until real text follows (dropped beside calls)
 
     def feed(self, delta: str) -> tuple[str, list[ParsedToolCall]]:
         self.buf += delta
@@ -79,16 +81,27 @@ class HermesParser:
                 break
             block, self.buf, self.in_call = self.buf[: end + len(END)], self.buf[end + len(END) :], False
             text.append(self._take(block, block[len(START) : end], new))
-        return "".join(text), new
+        return self._release("".join(text)), new
 
     def finish(self) -> tuple[str, list[ParsedToolCall]]:
         """Generation ended: what is still held back (an unclosed last block is a call if complete)."""
         new: list[ParsedToolCall] = []
         block, self.buf = self.buf, ""
-        if not self.in_call:
-            return block, new
-        self.in_call = False
-        return self._take(block, block[len(START) :], new), new
+        if self.in_call:
+            self.in_call = False
+            block = self._take(block, block[len(START) :], new)
+        text = self._release(block)
+        if not self.calls:
+            text, self.blank = text + self.blank, ""
+        return text, new
+
+    def _release(self, text: str) -> str:
+        """Content to send now: whitespace alone (the newlines around calls) waits for real text."""
+        if not text.strip():
+            self.blank += text
+            return ""
+        text, self.blank = self.blank + text, ""
+        return text
 
     def _take(self, block: str, body: str, new: list) -> str:
         call = parse_call(body.strip())
