@@ -344,6 +344,8 @@ def test_adapters_versions_history_decisions_and_served_episodes(store, tmp_path
     reg.promote("planner", 2)
     reg.promote("planner", 3)
     reg.rollback("planner")  # back to 2
+    AdapterRegistry(tmp_path / "outside").publish("evil", adapter_dir)
+    (tmp_path / "registry" / "evil").symlink_to(tmp_path / "outside" / "evil")  # must not be read through
     state = tmp_path / "service"
     state.mkdir()
     rows = [{"time": "2026-05-01T12:00:00+00:00", "round": 1, "decision": "promote", "reason": "gate passed", "versions": {"planner": 3}},
@@ -355,6 +357,7 @@ def test_adapters_versions_history_decisions_and_served_episodes(store, tmp_path
     c = client_for(create_app(store, registry=tmp_path / "registry", service_state=state))
     d = c.get("/api/adapters").json()
     (agent,) = d["agents"]
+    assert any("evil" in p and "outside the registry" in p for p in d["problems"])
     assert (agent["agent"], agent["current"], agent["history"]) == ("planner", 2, [1, 2])
     by_v = {v["version"]: v for v in agent["versions"]}
     assert [by_v[v]["parent"] for v in (1, 2, 3)] == [None, None, None]

@@ -114,6 +114,9 @@ def adapters_view(registry_dir: Path | None, state_dir: Path | None, served: dic
 
         registry = AdapterRegistry(registry_dir)  # an existing directory: nothing is created
         for agent in registry.agents():
+            if not (registry_dir / agent).resolve().is_relative_to(registry_dir):  # a symlink out of the root
+                problems.append(f"{agent}: its directory leads outside the registry; not shown")
+                continue
             try:
                 rows = registry.list(agent)
                 current = registry.current(agent)
@@ -123,6 +126,9 @@ def adapters_view(registry_dir: Path | None, state_dir: Path | None, served: dic
                 continue
             versions = []
             for row in rows:
+                if not Path(row.path).resolve().is_relative_to(registry_dir):  # a symlink out of the root
+                    problems.append(f"{agent}: {row.path} leads outside the registry; not shown")
+                    continue
                 m = row.manifest
                 label = f"{agent}:v{m.version}"
                 versions.append({"version": m.version, "parent": m.parent, "created_at": m.created_at,
