@@ -3,10 +3,13 @@ at action and token level; parallel branches never bootstrap from a sibling; rou
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
 from marft_bridge.trainers.advantages import gae_along_d, successors
+from test_trainer import FAST, model_dir  # noqa: F401 - model_dir is a fixture
 
 # Samples in topological order: A = 0, B = 1, C = 2, D = 3 (Sample.parents).
 FAN = [[], [0], [0], [1, 2]]
@@ -73,3 +76,40 @@ def test_rounds_chain_through_d_and_a_dead_branch_gets_only_its_own_reward():
 def test_a_successor_before_its_parent_is_refused():
     with pytest.raises(ValueError, match="successor"):
         gae_along_d([0.0, 0.0], [t(0.0), t(0.0)], [[], [0]], gamma=1.0, lam=1.0)
+
+
+def test_the_trainer_runs_gae_along_the_recorded_d(model_dir, monkeypatch):
+    """Captured fan-out/fan-in episodes: the trainer hands GAE the successors from D (not the
+    flattened order), per-token values in MARFT-T, and gae_lambda / token_lambda as configured."""
+    from marft_bridge.schema import Episode, Reward
+    from marft_bridge.trainers import marft as marft_module
+    from marft_bridge.trainers.config import MarftConfig
+    from marft_bridge.trainers.marft import MarftTrainer
+    from marft_bridge.trainers.rollout import RolloutPolicy
+
+    calls = []
+    real = marft_module.gae_along_d
+
+    def spy(*args, **kwargs):
+        calls.append(inspect.signature(real).bind(*args, **kwargs).arguments)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(marft_module, "gae_along_d", spy)
+    cfg = MarftConfig(**{**FAST, "mode": "marft_t", "ppo_epochs": 1, "gae_lambda": 0.9, "token_lambda": 0.7})
+    tr = MarftTrainer(cfg, model_dir, agents=["A", "B", "C", "D"])
+    pol, g = RolloutPolicy(tr), torch.Generator().manual_seed(0)
+    eps = []
+    for _ in range(2):
+        msg = [{"role": "user", "content": "q"}]
+        a = pol.act("A", msg, max_new_tokens=2, generator=g)
+        b = pol.act("B", msg, max_new_tokens=2, generator=g, depends_on=[a.id], step=1)
+        c = pol.act("C", msg, max_new_tokens=2, generator=g, depends_on=[a.id], step=1)
+        d = pol.act("D", msg, max_new_tokens=2, generator=g, depends_on=[b.id, c.id], step=2)
+        eps.append(Episode(actions=[a, b, c, d], rewards=[Reward(value=1.0)]))
+    m = tr.train_on(eps)
+    got = calls[0]
+    assert got["succ"] == [[1, 2], [3], [3], [], [5, 6], [7], [7], []]
+    assert got["rewards"] == [0.0, 0.0, 0.0, 1.0] * 2
+    assert [len(v) for v in got["values"]] == [len(x.output.token_ids) for e in eps for x in e.actions]
+    assert (got["gamma"], got["lam"], got["token_gamma"], got["token_lambda"]) == (cfg.gamma, 0.9, cfg.token_gamma, 0.7)
+    assert m["agent_order"] == ["A", "B", "C", "D"]
