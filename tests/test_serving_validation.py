@@ -119,6 +119,10 @@ def test_good_bodies_pass_and_unknown_top_level_fields_are_ignored(server, tiny_
     ])
     assert r.json()["prompt_token_ids"] == want
     assert r.headers["x-request-id"].startswith("req-")
+    nulls = {k: None for k in ("temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options", "n",
+                               "logprobs", "top_logprobs", "tools", "tool_choice", "presence_penalty", "user")}
+    r = post(server, "/chat/completions", {"model": "planner", "messages": MSG, "max_tokens": 2, **nulls})
+    assert r.status_code == 200, r.text  # null is the default, as clients that send every option expect
 
 
 def test_tool_fields_are_checked(server):

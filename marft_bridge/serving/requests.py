@@ -144,6 +144,12 @@ class SamplingBody(_Strict):
     repetition_penalty: float = Field(default=1.0, gt=0, le=100)
     user: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data):
+        # Many clients send every option, unset ones as null: null is the default, as in vLLM.
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
     @field_validator("presence_penalty", "frequency_penalty", "repetition_penalty")
     @classmethod
     def _neutral_penalty(cls, value: float, info: ValidationInfo) -> float:

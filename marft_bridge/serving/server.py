@@ -5,6 +5,11 @@ Same surface as vLLM's multi-LoRA server: ``model`` = adapter name, ``/v1/load_l
 ``"adapter": {"name", "version"}`` (the registry version that produced it) and
 ``"logprobs_mode": "processed"`` (log-probs after temperature/top-k/top-p).
 
+Bodies are validated completely at the boundary (``requests.py``); every refusal, and any
+unexpected exception, answers an OpenAI-shaped JSON error. Chat requests with ``tools`` render
+them through the base model's chat template and parse Hermes ``<tool_call>`` output into
+``tool_calls`` (``tool_calls.py``), as vLLM with ``--tool-call-parser hermes`` does.
+
 FastAPI is imported at module level because it resolves the endpoints' ``Request`` annotations by
 name; only ``marft serve`` imports this module.
 """
