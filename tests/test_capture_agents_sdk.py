@@ -117,3 +117,20 @@ def test_runs_outside_capture_record_nothing(srv, sqlite_store):
         pass
     sqlite_store.flush()
     assert sqlite_store.count() == 0
+
+
+def test_streamed_run_gives_the_same_episode(srv, sqlite_store):
+    async def main():
+        with mb.capture(store=sqlite_store) as cap:
+            run = Runner.run_streamed(team(srv.url), "weather in Paris, then bill me")
+            async for _ in run.stream_events():
+                pass
+        return cap, run
+
+    cap, run = asyncio.run(main())
+    assert run.final_output == "billed: Paris: 21C"
+    assert all(r.get("stream") for r in srv.requests[-3:])
+    sqlite_store.flush()
+    ep = sqlite_store.get_episode(cap.episode_ids[0])
+    check_episode(ep)
+    assert all(a.metadata["stream_chunks"] > 1 for a in ep.actions if a.kind == "llm")

@@ -346,7 +346,9 @@ def _handle(path: str | None, body: Any, extra: Any, result: Any, started: datet
     from openai import AsyncStream, Stream
     from openai._legacy_response import LegacyAPIResponse
 
-    if isinstance(result, LegacyAPIResponse):  # with_raw_response: parse() caches, the app gets our Stream
+    from openai._response import APIResponse
+
+    if isinstance(result, (LegacyAPIResponse, APIResponse)):  # raw responses: parse() caches, the app gets our Stream
         result = result.parse()
     # Swap the stream's iterator for a tap: the app keeps its Stream object and gets the same chunks.
     # The tap delivers in a copy of this context, where the episode/node/sink of the call are current.
@@ -367,6 +369,15 @@ def _active() -> bool:
     if sink is not None and not sink.done:
         return True
     return current_episode() is not None or in_framework_task()
+
+
+async def _parsed(result: Any) -> Any:
+    """An ``AsyncAPIResponse`` (``with_raw_response`` / ``with_streaming_response`` on the async
+    client, as the Agents SDK streams) parsed; ``parse()`` caches, so the app later gets this very
+    object (a stream: the one we tap)."""
+    from openai._response import AsyncAPIResponse
+
+    return await result.parse() if isinstance(result, AsyncAPIResponse) else result
 
 
 def _request_parts(options: Any) -> tuple[str | None, Any, Any]:
@@ -408,7 +419,7 @@ def install() -> None:
         started, live = utcnow(), _registry_version(body)
         result = await async_request(self, cast_to, options, *args, **kwargs)
         with guarded("openai.capture"):
-            _handle(url, body, extra, result, started, live)
+            _handle(url, body, extra, await _parsed(result), started, live)
         return result
 
     _originals["sync"], _originals["async"] = sync_request, async_request

@@ -37,6 +37,7 @@ class StreamAccumulator:
         self.usage: dict | None = None
         self.chunks = 0
         self.failed = False
+        self.final_ready = False  # chat streams are complete only at their end
 
     def add(self, chunk: Any) -> None:
         c = chunk.model_dump(mode="json") if hasattr(chunk, "model_dump") else chunk
@@ -115,7 +116,8 @@ class StreamAccumulator:
 
 class ResponsesStreamAccumulator:
     """Responses-API stream events: the terminal event (``response.completed``, ``.incomplete`` or
-    ``.failed``) carries the whole response; without one the stream records nothing."""
+    ``.failed``) carries the whole response, delivered as soon as it arrives (a reader such as the
+    Agents SDK may stop there); without one the stream records nothing."""
 
     _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
@@ -123,6 +125,7 @@ class ResponsesStreamAccumulator:
         self.final: dict | None = None
         self.chunks = 0
         self.failed = False
+        self.final_ready = False
 
     def add(self, event: Any) -> None:
         e = event.model_dump(mode="json") if hasattr(event, "model_dump") else event
@@ -131,6 +134,7 @@ class ResponsesStreamAccumulator:
         self.chunks += 1
         if e.get("type") in self._TERMINAL and isinstance(e.get("response"), dict):
             self.final = e["response"]
+            self.final_ready = True
 
     def response(self) -> dict[str, Any] | None:
         if self.final is None:
@@ -159,23 +163,33 @@ def _finish(acc: Any, deliver: Callable[[dict], None]) -> None:
 
 
 def tap(source: Iterator, acc: Any, deliver: Callable[[dict], None]) -> Iterator:
+    delivered = False
     try:
         for chunk in source:
             _fold(acc, chunk)
+            if acc.final_ready and not delivered:  # before the app sees the end: it may stop reading there
+                delivered = True
+                _finish(acc, deliver)
             yield chunk
     finally:
         source.close()
-    _finish(acc, deliver)
+    if not delivered:
+        _finish(acc, deliver)
 
 
 async def atap(source: AsyncIterator, acc: Any, deliver: Callable[[dict], None]) -> AsyncIterator:
+    delivered = False
     try:
         async for chunk in source:
             _fold(acc, chunk)
+            if acc.final_ready and not delivered:
+                delivered = True
+                _finish(acc, deliver)
             yield chunk
     finally:
         await source.aclose()
-    _finish(acc, deliver)
+    if not delivered:
+        _finish(acc, deliver)
 
 
 __all__ = ["STREAM_KEY", "ResponsesStreamAccumulator", "StreamAccumulator", "atap", "tap"]
