@@ -149,6 +149,7 @@ def test_browser_episode_list_graph_action_and_run_plot(chromium, live_ui, tmp_p
             expect(page.locator("#action-detail")).to_contain_text("temperature")
             page.locator('#graph .node[data-action-id="search-1"]').click()
             expect(page.locator('#action-detail #observation [data-tool-call="search"]')).to_be_visible()
+            expect(page.locator("#tokens")).to_contain_text("not a model call")
             page.locator('#graph .node[data-action-id="plan"]').click()
             expect(page.locator("#tokens .tok")).to_have_count(3)
             stray = "p => [p, ...p.querySelectorAll('*')].flatMap(e => [...e.childNodes]).filter(n => n.nodeType === 3 && n.textContent === 'null').length"

@@ -190,8 +190,9 @@ function lpColour(lp) {
 function tokensBlock(rec, tokens) {
   const src = rec.token_source || "none";
   if (!tokens) {
-    return h("div", { id: "tokens" }, h("p", { class: "muted" },
-      `token source: ${src} — no sampled token ids were recorded (the trainer re-tokenizes the text)`));
+    return h("div", { id: "tokens" }, h("p", { class: "muted" }, rec.kind === "llm"
+      ? `token source: ${src} — no sampled token ids were recorded (the trainer re-tokenizes the text)`
+      : `a ${rec.kind} step, not a model call: no tokens (not trained)`));
   }
   const shown = tokens.slice(0, 4000);
   return h("div", { id: "tokens", "data-token-source": src },
