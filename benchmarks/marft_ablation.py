@@ -19,8 +19,9 @@ Pre-declared analysis (fixed before any comparison was run):
   streams per seed); two-sided paired t, Holm-corrected over the three comparisons per metric;
   intervals are drawn at the Holm step's level (95% for the last step), 95% intervals also given;
 - hyperparameters: everything in ablation.COMMON is shared and fixed; the learning rate is chosen
-  per arm by ``--tune`` (grid LR_GRID, tuning seeds 1000-1002, criterion mean AUC), written to
-  ``--hparams`` and frozen; the evaluation seeds are 0..N-1 and never used for tuning.
+  per arm by ``--tune`` (grid LR_GRID, tuning seeds 1000-1001, criterion mean AUC), written to
+  ``--hparams`` and frozen; the evaluation seeds are ``--seed-start`` .. + N-1 and never used for
+  tuning.
 
     .venv/bin/python benchmarks/marft_ablation.py --tune --hops 3            # once: freeze lrs
     .venv/bin/python benchmarks/marft_ablation.py --seeds 20 --hops 3        # table + PNG
@@ -38,8 +39,8 @@ import sys
 import time
 from pathlib import Path
 
-LR_GRID = [1e-3, 3e-3, 1e-2]
-TUNING_SEEDS = [1000, 1001, 1002]
+LR_GRID = [2e-3, 3e-3, 5e-3]
+TUNING_SEEDS = [1000, 1001]
 PAIRS = [("marft_a", "independent"), ("marft_a", "shared"), ("independent", "shared")]
 HPARAMS = Path(__file__).with_name("marft_ablation_hparams.json")
 
@@ -48,7 +49,8 @@ def parse_args(argv=None):
     from marft_bridge.benchmarks.ablation import ARMS, DEFAULT_ARMS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, default=10, help="evaluation seeds 0..N-1 (default 10)")
+    p.add_argument("--seeds", type=int, default=10, help="number of evaluation seeds (default 10)")
+    p.add_argument("--seed-start", type=int, default=0, help="first evaluation seed (default 0)")
     p.add_argument("--hops", type=int, default=3, choices=[2, 3, 4])
     p.add_argument("--same-alphabet", action="store_true", help="every intermediate symbol is a digit")
     p.add_argument("--iterations", type=int, default=12, help="updates per run (default 12)")
@@ -61,7 +63,9 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=None, help="one learning rate for every arm (overrides --hparams)")
     p.add_argument("--tune", action="store_true", help=f"choose each arm's lr from {LR_GRID} on seeds "
                    f"{TUNING_SEEDS} by mean AUC and write --hparams")
-    p.add_argument("--quick", action="store_true", help="2 hops, 2 seeds, 2 iterations of 16 episodes, short warm start")
+    p.add_argument("--from-runs", default=None, metavar="JSONL",
+                   help="only analyse the seeds already in this runs.jsonl (of an interrupted run)")
+    p.add_argument("--quick", action="store_true", help="2 hops, 2 seeds, 2 iterations of 8 episodes, short warm start")
     return p.parse_args(argv)
 
 
@@ -76,14 +80,28 @@ def _worker(job):
     return run_seed(RelaySpec(**spec), base, arms, lrs, seed, RunSettings(**settings), workdir)
 
 
-def run_seeds(spec, base, arms, lrs, seeds, settings, workdir, workers):
+def run_seeds(spec, base, arms, lrs, seeds, settings, workdir, workers, log_path: Path | None = None):
+    """Every seed's runs (a list per seed); each seed is appended to ``log_path`` (JSON lines) as it
+    finishes, so an interrupted run can still be analysed (``--from-runs``)."""
     jobs = [(spec.model_dump(), str(base), arms, lrs, s, settings.model_dump(), str(workdir)) for s in seeds]
+    done = []
+
+    def keep(runs):
+        done.append(runs)
+        if log_path is not None:
+            with open(log_path, "a") as f:
+                f.write(json.dumps(runs) + "\n")
+
     if workers <= 1 or len(jobs) == 1:
-        return [_worker(j) for j in jobs]
+        for j in jobs:
+            keep(_worker(j))
+        return done
     import multiprocessing as mp
 
     with mp.get_context("spawn").Pool(min(workers, len(jobs))) as pool:
-        return pool.map(_worker, jobs, chunksize=1)
+        for runs in pool.imap_unordered(_worker, jobs, chunksize=1):
+            keep(runs)
+    return done
 
 
 def hparams_key(spec) -> str:
@@ -192,6 +210,18 @@ def plot(analysis: dict, arms: list[str], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def frozen_lrs(args, spec, trained: list[str]) -> dict[str, float]:
+    """``--lr`` for every arm, or the learning rates ``--tune`` froze for this task variant."""
+    if args.lr is not None or args.quick:
+        return {a: args.lr or 3e-3 for a in trained}
+    table = json.loads(Path(args.hparams).read_text()) if Path(args.hparams).exists() else {}
+    frozen = table.get(hparams_key(spec), {}).get("lr", {})
+    missing = [a for a in trained if a not in frozen]
+    if missing:
+        sys.exit(f"no frozen lr for {missing} at {hparams_key(spec)} in {args.hparams}: run --tune first or pass --lr")
+    return {a: frozen[a] for a in trained}
+
+
 def main(argv=None) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args = parse_args(argv)
@@ -206,33 +236,33 @@ def main(argv=None) -> dict:
     hf_logging.disable_progress_bar()
     logging.getLogger("marft_bridge.trainers").setLevel(logging.WARNING)
     if args.quick:
-        args.hops, args.seeds, args.iterations, args.episodes = 2, 2, 2, 16
+        args.hops, args.seeds, args.iterations, args.episodes = 2, 2, 2, 8
     started = time.perf_counter()
     spec = RelaySpec(hops=args.hops, same_alphabet=args.same_alphabet)
-    ws = WarmStartConfig(steps=150) if args.quick else WarmStartConfig()
+    trained = [a for a in args.arms if a != "untrained"]
+    lrs = None if args.tune else frozen_lrs(args, spec, trained)
+    ws = WarmStartConfig(steps=100) if args.quick else WarmStartConfig()
     base = warm_start(spec, args.model_cache, ws)
     settings = RunSettings(iterations=args.iterations, episodes=args.episodes)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     workdir = out / "traces"
     workdir.mkdir(exist_ok=True)
-    for old in workdir.glob("traces-s*.db*"):
-        old.unlink()
+    if not args.from_runs:
+        for old in workdir.glob("traces-s*.db*"):
+            old.unlink()
     if args.tune:
         chosen = tune(spec, base, args.arms, settings, workdir, args.workers, Path(args.hparams))
         print(json.dumps(chosen, indent=2))
         return chosen
-    trained = [a for a in args.arms if a != "untrained"]
-    if args.lr is not None or args.quick:
-        lrs = {a: args.lr or 3e-3 for a in trained}
+    if args.from_runs:
+        results = [json.loads(line) for line in Path(args.from_runs).read_text().splitlines() if line.strip()]
+        args.seeds = len(results)
+        seeds = sorted(runs[0]["seed"] for runs in results)
     else:
-        table = json.loads(Path(args.hparams).read_text()) if Path(args.hparams).exists() else {}
-        frozen = table.get(hparams_key(spec), {}).get("lr", {})
-        missing = [a for a in trained if a not in frozen]
-        if missing:
-            sys.exit(f"no frozen lr for {missing} at {hparams_key(spec)} in {args.hparams}: run --tune first or pass --lr")
-        lrs = {a: frozen[a] for a in trained}
-    results = run_seeds(spec, base, args.arms, lrs, list(range(args.seeds)), settings, workdir, args.workers)
+        seeds = list(range(args.seed_start, args.seed_start + args.seeds))
+        (out / "runs.jsonl").unlink(missing_ok=True)
+        results = run_seeds(spec, base, args.arms, lrs, seeds, settings, workdir, args.workers, out / "runs.jsonl")
     analysis = analyse(results, args.arms)
     seconds = time.perf_counter() - started
     command = "benchmarks/marft_ablation.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -240,7 +270,7 @@ def main(argv=None) -> dict:
     title = f"codebook relay, {args.hops} hops: mean exact J, 95% band ({args.seeds} seeds)"
     plot(analysis, args.arms, out / "ablation.png", title)
     report = {"spec": spec.model_dump(), "warm_start": ws.model_dump(), "settings": settings.model_dump(),
-              "lrs": lrs, "seeds": list(range(args.seeds)), "seconds": seconds, "command": command,
+              "lrs": lrs, "seeds": seeds, "seconds": seconds, "command": command,
               "table_text": text, **analysis, "runs": results}
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"results in {out / 'results.json'}, curves in {out / 'ablation.png'}")
