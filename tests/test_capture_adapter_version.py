@@ -177,3 +177,33 @@ def test_state_file_is_read_once_per_change(registry):
     assert json.loads(path.read_text())["current"] == 1 and live.get("writer") == 2
     registry.promote("writer", 3)
     assert live.get("writer") == 3
+
+
+def test_each_episode_reads_its_own_registry(server, sqlite_store, registry, adapter_dir, tmp_path):
+    """The registry is a per-episode (per-app) setting; ``use_registry`` is only the default."""
+    _, url = server
+    other = AdapterRegistry(tmp_path / "other")
+    for _ in range(5):
+        other.publish("writer", adapter_dir)
+    other.promote("writer", 5)
+
+    class Pinned:  # any object with live_version(agent) works as a registry
+        def live_version(self, agent):
+            return 9 if agent == "writer" else None
+
+    oa.use_registry(other)  # the process-wide default: used only where the episode names none
+    with mb.episode(store=sqlite_store, registry=registry.root) as a:
+        assert ask(url, "writer") == "writer answer to x"
+        with mb.episode(store=sqlite_store) as nested:  # inherits its parent's registry
+            ask(url, "writer")
+    with mb.episode(store=sqlite_store, registry=Pinned()) as b:
+        ask(url, "writer")
+    with mb.episode(store=sqlite_store) as c:
+        ask(url, "writer")
+    oa.use_registry(None)
+    with mb.episode(store=sqlite_store) as d:
+        ask(url, "writer")
+    assert [served(sqlite_store, e.id)[0][:3] for e in (a, nested, b, c, d)] == [
+        ("writer", 2, "registry"), ("writer", 2, "registry"), ("writer", 9, "registry"), ("writer", 5, "registry"),
+        ("writer", None, None)]
+    assert capture_stats()["errors"] == 0
