@@ -158,6 +158,8 @@ def test_episode_list_filters_counts_search_and_paging(ui):
     assert ids_of(q="ZEBRA") == {"failed-episode"}  # task text, case-insensitive
     assert ids_of(q=ids["captured"][:10]) == {ids["captured"]}
     assert ids_of(since=(T0 + timedelta(minutes=30)).isoformat(), until=(T0 + timedelta(hours=2)).isoformat()) == {"failed-episode"}
+    assert ids_of(since="1d") == {ids["captured"]}  # an age: only the episode captured just now
+    assert ids_of(until="1d") == {"tool-episode-1", "failed-episode"}
     page = c.get("/api/episodes", params={"limit": 1, "offset": 1}).json()
     assert page["total"] == 3 and len(page["items"]) == 1
     row = next(r for r in d["items"] if r["id"] == "tool-episode-1")

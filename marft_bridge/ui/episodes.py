@@ -80,13 +80,19 @@ def _float(value: str | None, name: str) -> float | None:
         raise MarftError(f"{name}: not a number: {value!r}") from None
 
 
+AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
 def _time(value: str | None, name: str) -> float | None:
+    """An ISO date/time (UTC when it has no zone) or an age like 30m, 6h, 7d, as epoch seconds."""
     if value in (None, ""):
         return None
+    if value[:-1].isdigit() and value[-1:] in AGE_UNITS:
+        return time.time() - int(value[:-1]) * AGE_UNITS[value[-1]]
     try:
         dt = datetime.fromisoformat(value)
     except ValueError:
-        raise MarftError(f"{name}: not an ISO date/time: {value!r}") from None
+        raise MarftError(f"{name}: not an ISO date/time or an age like 7d: {value!r}") from None
     return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
 
 

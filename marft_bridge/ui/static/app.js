@@ -48,7 +48,7 @@ const FILTERS = [
   ["q", "search id / task", "text"], ["source", "source", "select"], ["agent", "agent", "select"],
   ["version", "adapter version", "select"], ["status", "status", "select"], ["has_reward", "reward", "select"],
   ["reward_min", "reward ≥", "number"], ["reward_max", "reward ≤", "number"],
-  ["since", "since (ISO)", "text"], ["until", "until (ISO)", "text"], ["errors", "errors only", "checkbox"],
+  ["since", "since (ISO or 7d)", "text"], ["until", "until (ISO or 1h)", "text"], ["errors", "errors only", "checkbox"],
 ];
 
 function filterForm(choices) {
