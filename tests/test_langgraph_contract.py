@@ -260,3 +260,20 @@ def test_task_results_and_what_a_task_has_seen():
     same = pv.Task("t5", run, "same", "same", 2, [2], "", frozenset())
     same.actions.append("s1")
     assert pv.public_deps([late, early, same], late) == {"e1"}
+
+
+def test_capture_blocks_work_on_the_public_tier_alone(sqlite_store, monkeypatch):
+    _uninstrument_everything()
+    monkeypatch.setattr(precision, "SUPPORTED", ((0, 1), (0, 2)))
+    recording.reset_capture_stats()
+    with mb.capture(store=sqlite_store) as c:
+        assert chain_app().invoke({"question": "q"})["review"] == "looks right"
+        fake("plain call outside any graph").invoke("hi")  # no graph run: no episode
+        chain_app().invoke({"question": "again"})
+    assert not precision.installed() and len(c.episode_ids) == 2
+    sqlite_store.flush()
+    for eid in c.episode_ids:
+        ep = sqlite_store.get_episode(eid)
+        assert [a.agent for a in ep.actions] == ["planner", "coder", "reviewer"]
+        assert ep.metadata["dependency_source"] == "langgraph_run_metadata" and ep.task["question"] in ("q", "again")
+    assert recording.capture_stats()["errors"] == 0

@@ -18,11 +18,11 @@ from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
 
-from ...recording import capture_error
+from ...recording import capture_error, guarded, jsonable
 from .. import openai as oa
 from . import convert, tools
 from .provenance import Task
-from .runs import _RUN_FINISHED, find_task
+from .runs import _RUN_FINISHED, RUN, find_task
 
 
 class _Call:
@@ -146,7 +146,6 @@ class MarftCallbackHandler(BaseCallbackHandler):
 
     run_inline = True  # called in the caller's context (the raw-response sink is a context variable)
     raise_error = False
-    ignore_chain = True
     ignore_retriever = True
     ignore_agent = False  # tool events go through the "agent" switch
     ignore_retry = True
@@ -176,6 +175,28 @@ class MarftCallbackHandler(BaseCallbackHandler):
         if _CALLS:
             _end(run_id, error=error)
 
+    @property
+    def ignore_chain(self) -> bool:
+        # Chain events only matter to find root runs in a capture() block without the precision tier.
+        return not ROOTS_TRACKED[0]
+
+    def on_chain_start(self, serialized: dict | None, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
+                       **kw: Any) -> None:
+        if parent_run_id is None:
+            with guarded("langgraph.run_start"):
+                _root_started(run_id, inputs)
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kw: Any) -> None:
+        if parent_run_id is None and _ROOTS:
+            with guarded("langgraph.finish"):
+                _root_ended(run_id, outputs)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None,
+                       **kw: Any) -> None:
+        if parent_run_id is None and _ROOTS:
+            with guarded("langgraph.finish"):
+                _root_ended(run_id, None, error)
+
     def on_tool_start(self, serialized: dict, input_str: str, *, run_id: UUID, metadata: dict | None = None,
                       inputs: dict | None = None, **kw: Any) -> None:
         try:
@@ -191,6 +212,35 @@ class MarftCallbackHandler(BaseCallbackHandler):
 
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kw: Any) -> None:
         tools.end(run_id, error=error)
+
+
+# Public tier inside capture() without the precision tier: each root run (a chain start without a
+# parent) is a run of its own, found through RUN. ROOTS_TRACKED counts such open capture blocks.
+ROOTS_TRACKED = [0]
+_ROOTS: dict[UUID, tuple[Any, Any]] = {}
+
+
+def _root_started(run_id: UUID, inputs: Any) -> None:
+    from .precision import CAPTURE_HANDLER
+
+    h = CAPTURE_HANDLER.get()
+    if h is None or RUN.get() is not None:
+        return
+    run = h.new_run(inputs)
+    _ROOTS[run_id] = (run, RUN.set(run))
+
+
+def _root_ended(run_id: UUID, outputs: Any, error: BaseException | None = None) -> None:
+    got = _ROOTS.pop(run_id, None)
+    if got is None:
+        return
+    run, token = got
+    try:
+        RUN.reset(token)
+    except ValueError:  # ended in another context
+        pass
+    if run.task_ids or run.public or run.recorder.max_step() is not None:  # a graph that recorded something
+        run.finish(jsonable(outputs) if error is None else None, error)
 
 
 HANDLER = MarftCallbackHandler()

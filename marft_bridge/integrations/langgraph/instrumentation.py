@@ -222,6 +222,7 @@ class capture:
         self.registry = registry
         self.episode_ids: list[str] = []
         self._tokens: Any = None
+        self._roots = False
 
     def _done(self, rec: EpisodeRecorder) -> None:
         self.episode_ids.append(rec.id)
@@ -230,6 +231,8 @@ class capture:
         _install_hooks()
         with _LOCK:
             _CAPTURES[0] += 1
+            self._roots = not precision.installed()  # public tier alone: runs found from root chain events
+            callbacks.ROOTS_TRACKED[0] += self._roots
         self._tokens = (precision.CAPTURE_HANDLER.set(self.handler), callbacks.ACTIVE.set(callbacks.HANDLER))
         return self
 
@@ -239,6 +242,7 @@ class capture:
         callbacks.ACTIVE.reset(c)
         with _LOCK:
             _CAPTURES[0] -= 1
+            callbacks.ROOTS_TRACKED[0] -= self._roots
         _maybe_uninstall()
 
     async def __aenter__(self) -> capture:
