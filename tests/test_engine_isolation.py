@@ -177,3 +177,34 @@ def test_worker_fault_reaches_in_process_callers(engine):
         assert engine.generate(list(range(10, 20)), max_tokens=3, temperature=0).finish_reason == "length"
     finally:
         handle.remove()
+
+
+def test_a_prompt_whose_prefill_fails_fails_alone_in_its_group(tiny_model_dir, registry):
+    """Requests arriving together are prefilled as one group; when that fails, each is prefilled
+    alone, so only the one the model cannot take fails and the others equal their runs alone."""
+    marker = 99
+
+    def refuse_marker(module, args, kwargs):  # a prompt this model "cannot process"
+        ids = kwargs.get("input_ids")
+        if ids is not None and ids.shape[1] > 1 and bool((ids == marker).any()):
+            raise RuntimeError("cannot prefill this prompt")
+
+    eng = AdapterEngine(tiny_model_dir, registry=registry, max_batch_size=4, batch_wait_s=0.0)
+    try:
+        eng.load_current()
+        alone = [eng.generate(p, adapter=a, max_tokens=12, temperature=1.0, seed=s) for p, a, s in GOOD]
+        eng.batch_wait_s = 30.0  # the next four arrive as one group (the batch size ends the wait)
+        handle = eng.base_model.register_forward_pre_hook(refuse_marker, with_kwargs=True)
+        sinks = [Collector() for _ in range(4)]
+        bad = list(range(60, 66)) + [marker]
+        for (prompt, adapter, seed), sink in zip([*GOOD, (bad, "planner", 4)], sinks):
+            eng.submit(GenerationRequest(prompt_ids=prompt, adapter=adapter, max_tokens=12, temperature=1.0, seed=seed,
+                                         sink=sink))
+        for s in sinks:
+            assert s.done.wait(60)
+        handle.remove()
+        assert isinstance(sinks[3].error, RuntimeError) and "cannot prefill" in str(sinks[3].error)
+        assert [s.result.token_ids for s in sinks[:3]] == [r.token_ids for r in alone]
+        assert eng.stats["request_failures"] == 1 and eng.health()["worker_restarts"] == 0
+    finally:
+        eng.close()
