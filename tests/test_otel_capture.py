@@ -260,3 +260,39 @@ def test_exporter_with_batches(sqlite_store):
     exporter.export(spans[1:])
     sqlite_store.flush()
     assert sqlite_store.count() == 1
+
+
+def test_tool_calling_episode_round_trips_through_emitted_spans(sqlite_store):
+    """Tools offered, tool calls (exact argument strings), tool steps and tool messages survive
+    our spans -> Episode."""
+    tools = [{"type": "function", "function": {"name": "add", "description": "Add.",
+                                               "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}]
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a":2}'}}
+    from marft_bridge.schema import utcnow
+
+    rec = recording.EpisodeRecorder(sqlite_store, task="add")
+    ask = rec.record_action("calc", started_at=utcnow(), observation={"messages": [{"role": "user", "content": "add"}], "tools": tools,
+                                                 "tool_choice": "required"},
+                            output={"text": "", "tool_calls": [call], "finish_reason": "tool_calls"}, policy={"name": "calc"})
+    tool = rec.record_action("calc", kind="tool", depends_on=[ask], output={"text": "2"}, started_at=utcnow(),
+                             observation={"messages": [{"role": "assistant", "content": None, "tool_calls": [call]}]},
+                             metadata={"tool.name": "add", "tool_call_id": "call_1"})
+    rec.record_action("calc", depends_on=[ask, tool], policy={"name": "calc"}, output={"text": "2."}, started_at=utcnow(),
+                      observation={"messages": [{"role": "user", "content": "add"},
+                                                {"role": "assistant", "content": None, "tool_calls": [call]},
+                                                {"role": "tool", "tool_call_id": "call_1", "name": "add", "content": "2"}],
+                                   "tools": tools})
+    mem = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(mem))
+    emitter = otel.SpanEmitter(tracer_provider=tp).install()
+    try:
+        native = rec.finish() and rec.episode
+    finally:
+        emitter.uninstall()
+    spans = mem.get_finished_spans()
+    tool_span = next(s for s in spans if s.name == "execute_tool calc")
+    assert tool_span.attributes["gen_ai.tool.call.id"] == "call_1" and tool_span.attributes["gen_ai.tool.name"] == "add"
+    back = otel.spans_to_episode(spans)
+    strip = lambda a: a.model_dump(exclude={"metadata"})  # noqa: E731
+    assert [strip(a) for a in back.actions] == [strip(a) for a in native.actions]

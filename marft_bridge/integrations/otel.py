@@ -106,7 +106,9 @@ def _genai_messages(value: Any, unknown: list[str] | None = None) -> list[dict]:
                 body = p.get("content")
                 texts.append(body if isinstance(body, str) else json.dumps(p, default=str))
         if texts or calls or not results:
-            msg: dict[str, Any] = {"role": str(m.get("role") or "user"), "content": "".join(texts)}
+            # an assistant turn of tool calls only has no content (null, as in the chat API)
+            msg: dict[str, Any] = {"role": str(m.get("role") or "user"),
+                                   "content": None if calls and not texts else "".join(texts)}
             if m.get("name"):
                 msg["name"] = str(m["name"])
             if calls:
@@ -270,6 +272,8 @@ def _fields(s: _Span) -> dict[str, Any]:
     prompt_ids = a.get("marft.observation.prompt_token_ids")
     return {
         "observation": {"messages": messages, "tools": _tools(a),
+                        "tool_choice": _loads(a["marft.observation.tool_choice"]) if s.own and
+                        "marft.observation.tool_choice" in a else None,
                         "prompt_token_ids": list(prompt_ids) if prompt_ids else None},
         "output": {"text": str(out_msg.get("content") or ""), "tool_calls": out_msg.get("tool_calls"),
                    "finish_reason": str(finish) if finish else None,

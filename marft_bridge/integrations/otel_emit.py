@@ -13,15 +13,6 @@ SAMPLING_ATTRS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_
                   "seed": "seed"}
 
 
-def _loads(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return None
-    return value
-
-
 # -- emitting our actions as spans ---------------------------------------------------------------
 
 
@@ -34,15 +25,16 @@ def _genai_json(messages: list[Any]) -> str:
     for m in messages:
         parts: list[dict[str, Any]] = []
         if m.role == "tool" and m.tool_call_id:
-            parts.append({"type": "tool_call_response", "id": m.tool_call_id, "response": m.content or ""})
-            out.append({"role": "tool", "parts": parts, **({"name": m.name} if m.name else {})})
+            parts.append({"type": "tool_call_response", "id": m.tool_call_id, "response": m.content or "",
+                          **({"name": m.name} if m.name else {})})
+            out.append({"role": "tool", "parts": parts})
             continue
         if m.content:
             parts.append({"type": "text", "content": m.content})
         for tc in m.tool_calls or []:
             fn = tc.get("function") or {}
             parts.append({"type": "tool_call", "id": tc.get("id"), "name": fn.get("name"),
-                          "arguments": _loads(fn.get("arguments"))})
+                          "arguments": fn.get("arguments")})  # the exact JSON string the model wrote
         out.append({"role": m.role, "parts": parts, **({"name": m.name} if m.name else {})})
     return json.dumps(out)
 
@@ -134,11 +126,13 @@ class SpanEmitter:
                 if a.observation.tools:
                     attrs["gen_ai.tool.definitions"] = json.dumps(
                         [{"type": "function", **(t.get("function") or {})} for t in a.observation.tools])
+                if a.observation.tool_choice is not None:
+                    attrs["marft.observation.tool_choice"] = json.dumps(a.observation.tool_choice)
                 parts = [{"type": "text", "content": a.output.text}]
                 for tc in a.output.tool_calls or ():
                     fn = tc.get("function") or {}
                     parts.append({"type": "tool_call", "id": tc.get("id"), "name": fn.get("name"),
-                                  "arguments": _loads(fn.get("arguments"))})
+                                  "arguments": fn.get("arguments")})
                 attrs["gen_ai.output.messages"] = json.dumps(
                     [{"role": "assistant", "parts": parts, "finish_reason": a.output.finish_reason}])
         return attrs
