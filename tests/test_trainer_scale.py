@@ -256,3 +256,34 @@ def test_fsdp2_is_refused_with_a_clear_message(tiny_model_dir):
 
     with pytest.raises(MarftError, match="parallelism 'fsdp2' is not supported on CPU"):
         MarftTrainer(MarftConfig(parallelism="fsdp2"), tiny_model_dir, agents=["a"])
+
+
+def test_rollout_sampler_has_the_serving_engines_logprob_semantics(tiny_model_dir, tmp_path):
+    # The trainer's KV-cached sampler and `marft serve`'s engine report the same processed log-probs
+    # (log-softmax of logits / T) for the same adapter, and both equal the trainer's forward.
+    from marft_bridge.serving.engine import AdapterEngine
+    from marft_bridge.trainers.marft import MarftTrainer
+    from marft_bridge.trainers.rollout import RolloutPolicy
+
+    tr = MarftTrainer(MarftConfig(), tiny_model_dir, agents=["a", "b"])
+    with torch.no_grad():
+        for p in tr.policy.adapter_params(tr.policy.adapter_of["a"]):
+            p.normal_(0, 0.2)
+    tr.save_adapters(tmp_path / "adapters")
+    msgs = [{"role": "user", "content": "hello there"}]
+    act = RolloutPolicy(tr).act("a", msgs, max_new_tokens=10, temperature=0.7, generator=torch.Generator().manual_seed(5))
+    engine = AdapterEngine(tiny_model_dir)
+    try:
+        engine.load_adapter("a", tmp_path / "adapters" / "a")
+        res = engine.generate(act.observation.prompt_token_ids, adapter="a", max_tokens=10, temperature=0.7, seed=5)
+    finally:
+        engine.close()
+
+    def forward(prompt, ids):
+        packed = pack([prompt], [ids], tr.policy.pad_id, "cpu")
+        with torch.no_grad():
+            return tr.policy.token_logprobs(tr.policy.adapter_of["a"], packed, torch.full((len(ids),), 0.7))[0]
+
+    torch.testing.assert_close(torch.tensor(act.output.logprobs), forward(act.observation.prompt_token_ids,
+                                                                          act.output.token_ids), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.tensor(res.logprobs), forward(res.prompt_ids, res.token_ids), atol=1e-4, rtol=1e-4)
