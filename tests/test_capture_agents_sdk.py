@@ -134,3 +134,18 @@ def test_streamed_run_gives_the_same_episode(srv, sqlite_store):
     ep = sqlite_store.get_episode(cap.episode_ids[0])
     check_episode(ep)
     assert all(a.metadata["stream_chunks"] > 1 for a in ep.actions if a.kind == "llm")
+
+
+def test_a_capture_failure_never_reaches_the_run(srv, sqlite_store, monkeypatch):
+    def explode(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(openai_agents._Run, "take_call", explode)
+    with mb.capture(store=sqlite_store) as cap:
+        result = Runner.run_sync(team(srv.url), "weather in Paris, then bill me")
+    assert result.final_output == "billed: Paris: 21C"
+    assert capture_stats()["by_where"] == {"openai_agents.span_end": 2}  # the tool and the handoff span
+    sqlite_store.flush()
+    ep = sqlite_store.get_episode(cap.episode_ids[0])
+    assert [(a.agent, a.kind) for a in ep.actions] == [("triage", "llm"), ("triage", "llm"), ("billing", "llm")]
+    assert ep.metadata["capture_errors"] == 2
