@@ -112,8 +112,10 @@ def fill(store) -> dict[str, str]:
 
 
 def client_for(app, base_url: str = "http://127.0.0.1"):
+    """A client once the app has indexed the store (it reads it beside serving)."""
     from fastapi.testclient import TestClient
 
+    assert app.state.index.ready.wait(60) and app.state.index.scan_error is None
     return TestClient(app, base_url=base_url)
 
 
@@ -136,7 +138,7 @@ def ui(store, tmp_path):
 def test_episode_list_filters_counts_search_and_paging(ui):
     c, ids, _ = ui
     d = c.get("/api/episodes").json()
-    assert d["total"] == d["stored"] == 3
+    assert d["total"] == d["stored"] == 3 and d["indexing"] is None
     assert [r["id"] for r in d["items"]][-2:] == ["failed-episode", "tool-episode-1"]  # newest first
     assert d["counts"]["agents"]["planner"] == 2
     assert {k: d["counts"]["versions"][k] for k in ("planner:v1", "planner:v2", "writer:v1")} == {
@@ -169,6 +171,47 @@ def test_episode_list_filters_counts_search_and_paging(ui):
         r = c.get("/api/episodes", params=bad)
         assert r.status_code == 400, bad
         assert list(bad)[0] in r.json()["error"] or "limit" in r.json()["error"]
+
+
+def test_list_is_served_while_the_store_is_read(store):
+    import threading
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from marft_bridge.ui.app import create_app
+
+    class PausingStore:
+        """The real store, whose full scan stops after its first episode until told to go on."""
+
+        def __init__(self, inner):
+            self.inner, self.go = inner, threading.Event()
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def episodes(self, **filters):
+            it = self.inner.episodes(**filters)
+            yield next(it)
+            self.go.wait(30)
+            yield from it
+
+    store.add_episode(tool_episode())
+    store.add_episode(failed_episode())
+    slow = PausingStore(store)
+    app = create_app(slow)
+    c = TestClient(app, base_url="http://127.0.0.1")
+    for _ in range(100):
+        d = c.get("/api/episodes").json()
+        if d["stored"]:
+            break
+        time.sleep(0.05)
+    assert d["indexing"] == {"indexed": 1, "total": 2, "error": None}
+    assert [r["id"] for r in d["items"]] == ["failed-episode"]  # read newest first
+    slow.go.set()
+    assert app.state.index.ready.wait(30)
+    d = c.get("/api/episodes").json()
+    assert d["indexing"] is None and d["total"] == 2
 
 
 def expected_edges(ep: Episode) -> set[tuple[str, str]]:

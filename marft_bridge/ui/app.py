@@ -64,6 +64,7 @@ def create_app(store, *, registry: str | Path | None = None, runs: list[str | Pa
     static = _static_files()
     decode = load_decoder(tokenizer) if tokenizer else None
     app = FastAPI(title="marft ui", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.index = index
 
     def error(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": message}, status_code=status)

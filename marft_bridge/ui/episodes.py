@@ -11,6 +11,7 @@ cached, so clicking through a 10k-action episode does not reload it).
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -19,6 +20,8 @@ from typing import Any
 
 from ..errors import MarftError
 from ..schema import Action, Episode
+
+log = logging.getLogger("marft_bridge.ui")
 
 TASK_TEXT_CHARS = 400  # how much task text the list shows and searches
 MAX_PAGE = 200  # episodes per list page
@@ -107,8 +110,32 @@ class EpisodeIndex:
         self._checked = 0.0
         # The cursor is taken before the scan: whatever changes during it is applied again after.
         self.cursor = store.cursor()
-        for ep in store.episodes():
-            self._rows[ep.id] = summarize(ep)
+        self.total = store.count()
+        self.scan_error: str | None = None
+        # A big store takes a while to read, so the scan runs beside the server (newest first: the
+        # first page fills soonest) and the list says how far it got.
+        self.ready = threading.Event()
+        threading.Thread(target=self._scan, name="marft-ui-index", daemon=True).start()
+
+    def _scan(self) -> None:
+        try:
+            for ep in self.store.episodes(newest_first=True):
+                row = summarize(ep)
+                with self._lock:
+                    # A row the change log already refreshed is newer than this read: keep it.
+                    self._rows.setdefault(ep.id, row)
+        except Exception as e:  # noqa: BLE001 - a store gone away (closed at exit) ends the scan; say why
+            self.scan_error = f"{type(e).__name__}: {e}"
+            log.warning("marft ui: reading the store stopped: %s", self.scan_error)
+        finally:
+            self.ready.set()
+
+    def progress(self) -> dict | None:
+        """None once every stored episode is indexed, else how far the scan got."""
+        if self.ready.is_set() and self.scan_error is None:
+            return None
+        with self._lock:
+            return {"indexed": len(self._rows), "total": max(self.total, len(self._rows)), "error": self.scan_error}
 
     # -- keeping current -------------------------------------------------------------------------
 
@@ -205,7 +232,7 @@ class EpisodeIndex:
             "agents": sorted({a for r in everything for a in r["agents"]}),
             "versions": sorted({v for r in everything for v in r["versions"]}),
         }
-        return {"total": len(rows), "offset": offset, "limit": limit, "cursor": self.cursor,
+        return {"total": len(rows), "offset": offset, "limit": limit, "cursor": self.cursor, "indexing": self.progress(),
                 "items": rows[offset:offset + limit], "counts": counts, "choices": choices,
                 "stored": len(everything)}
 

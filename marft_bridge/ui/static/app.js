@@ -133,7 +133,11 @@ async function renderEpisodes() {
       d.items.map((x) => h("tr", {}, h("td", {}, fmtTime(x.created_at)), h("td", { class: "mono" }, x.record || ""),
         h("td", { class: "mono" }, x.field || ""), h("td", {}, x.reason)))) : h("p", { class: "muted" }, "none"));
   });
-  view.replaceChildren(h("h2", {}, "Episodes"), filterForm(data.choices),
+  state.indexing = data.indexing;
+  const progress = data.indexing ? h("p", { class: data.indexing.error ? "err" : "muted", id: "indexing" },
+    data.indexing.error ? `reading the store stopped: ${data.indexing.error}`
+      : `reading the store: ${data.indexing.indexed} of ${data.indexing.total} episodes so far (the list fills in)`) : null;
+  view.replaceChildren(h("h2", {}, "Episodes"), ...(progress ? [progress] : []), filterForm(data.choices),
     chips("per agent", data.counts.agents, "agent"), chips("per adapter version", data.counts.versions, "version"),
     chips("per source", data.counts.sources, "source"), table, pager, dead);
 }
@@ -148,6 +152,8 @@ async function poll() {
         state.cursor = c.cursor;
         for (const r of c.episodes) state.fresh.add(r.id);
         if (currentRoute().name === "episodes" && c.episodes.length) await renderEpisodes();
+      } else if (currentRoute().name === "episodes" && state.indexing && !state.indexing.error) {
+        await renderEpisodes();  // the store is still being read: show what arrived
       }
     }
     live.classList.remove("off");
