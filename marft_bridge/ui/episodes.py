@@ -139,13 +139,12 @@ class EpisodeIndex:
 
     # -- keeping current -------------------------------------------------------------------------
 
-    def refresh(self, force: bool = False) -> list[str]:
-        """Apply the change log since the last look (at most every REFRESH_EVERY_S); changed ids."""
+    def refresh(self) -> None:
+        """Apply the change log since the last look (at most every REFRESH_EVERY_S)."""
         with self._lock:
-            if not force and time.monotonic() - self._checked < REFRESH_EVERY_S:
-                return []
+            if time.monotonic() - self._checked < REFRESH_EVERY_S:
+                return
             self._checked = time.monotonic()
-            changed: list[str] = []
             while True:
                 cursor, ids = self.store.changed_since(self.cursor, limit=1000)
                 if not ids:
@@ -154,11 +153,9 @@ class EpisodeIndex:
                     self._cache.pop(eid, None)
                     try:
                         self._rows[eid] = summarize(self.store.get_episode(eid))
-                    except KeyError:  # EpisodeNotFound: logged but gone
+                    except KeyError:  # the store's EpisodeNotFound: not stored (any more)
                         self._rows.pop(eid, None)
-                    changed.append(eid)
                 self.cursor = cursor
-            return list(dict.fromkeys(changed))
 
     def changes(self, cursor: int) -> dict:
         """Summaries of the episodes changed after ``cursor`` (a value an earlier answer gave)."""
@@ -167,7 +164,8 @@ class EpisodeIndex:
             if cursor >= self.cursor:
                 return {"cursor": self.cursor, "episodes": []}
         _, ids = self.store.changed_since(cursor, limit=MAX_PAGE)
-        rows = [self._rows[i] for i in ids if i in self._rows]
+        with self._lock:
+            rows = [self._rows[i] for i in ids if i in self._rows]
         rows.sort(key=lambda r: r["t"], reverse=True)
         return {"cursor": self.cursor, "episodes": rows}
 
