@@ -29,9 +29,13 @@ Python API::
     trainer.load_adapters("registry/current")      # warm start from published <dir>/<agent>/ adapters
     trainer.save_checkpoint("run/ckpt"); trainer.load_checkpoint("run/ckpt")   # exact resume
 
-Under ``torchrun`` / ``accelerate launch`` each rank trains on its share of the episodes (by
-episode, so all actions of one step stay together) and gradients are averaged before every
-optimiser step, so every rank ends each step with identical adapters.
+Every pass runs in token-budget micro-batches (``micro_batch_tokens``, microbatch.py); the
+gradient passes accumulate over a minibatch, each loss term weighted by its share of the minibatch,
+so the step is that of the whole minibatch. Under ``torchrun`` / ``accelerate launch`` each rank
+trains on its share of the episodes (by episode, so all actions of one step stay together); the
+shares are of the minibatch summed over all ranks and each adapter's gradients are summed in one
+flat all-reduce on the trainer's device (distributed.py): token-weighted averaging, and every rank
+ends each step with identical adapters.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from pathlib import Path
 import torch
 
 from ..errors import MarftError
+from . import checkpoint
 from . import distributed as D
 from . import losses as L
 from . import microbatch
@@ -546,86 +551,58 @@ class MarftTrainer:
         return {**{f"policy.{a}": o for a, o in self.optims.items()}, "critic": self.critic_optim}
 
     def _snapshot(self) -> dict:
-        return {"weights": {n: p.detach().clone() for n, p in self._named_weights().items()},
-                "optim": {k: copy.deepcopy(o.state_dict()) for k, o in self._optimizers().items()},
+        """Host copies of the trainable state, RNG states and counters (what a checkpoint writes):
+        no second copy of the trainable state on the device."""
+        optim = {}
+        for k, o in self._optimizers().items():
+            sd = o.state_dict()
+            optim[k] = {"state": {i: {n: _host(v) for n, v in st.items()} for i, st in sd["state"].items()},
+                        "param_groups": copy.deepcopy(sd["param_groups"])}
+        return {"weights": {n: _host(p) for n, p in self._named_weights().items()}, "optim": optim,
                 "rng": {**{f"gen/{k}": g.get_state() for k, g in self.gens.items()},
                         "order_gen": self.order_gen.get_state(),
                         "torch": torch.get_rng_state(),
                         **({"cuda": torch.cuda.get_rng_state()} if self.device.type == "cuda" else {})},
                 "update_count": self.update_count}
 
-    def _restore(self, snap: dict, counters: bool = True) -> None:
+    def _restore(self, snap: dict) -> None:
         with torch.no_grad():
             for n, p in self._named_weights().items():
                 p.copy_(snap["weights"][n])
         for k, o in self._optimizers().items():
             o.load_state_dict(copy.deepcopy(snap["optim"][k]))
-        if counters:
-            for k, g in self.gens.items():
-                if f"gen/{k}" in snap["rng"]:  # absent in checkpoints from before per-group generators
-                    g.set_state(snap["rng"][f"gen/{k}"])
-            self.order_gen.set_state(snap["rng"]["order_gen"])
-            torch.set_rng_state(snap["rng"]["torch"])
-            if "cuda" in snap["rng"] and self.device.type == "cuda":
-                torch.cuda.set_rng_state(snap["rng"]["cuda"])
-            self.update_count = snap["update_count"]
+        for k, g in self.gens.items():
+            if f"gen/{k}" in snap["rng"]:  # absent in checkpoints from before per-group generators
+                g.set_state(snap["rng"][f"gen/{k}"])
+        self.order_gen.set_state(snap["rng"]["order_gen"])
+        torch.set_rng_state(snap["rng"]["torch"])
+        if "cuda" in snap["rng"] and self.device.type == "cuda":
+            torch.cuda.set_rng_state(snap["rng"]["cuda"])
+        self.update_count = snap["update_count"]
 
     def save_checkpoint(self, directory) -> Path:
         """Adapters (peft dirs), all trainable weights, optimiser states, RNG states and counters."""
-        from safetensors.torch import save_file
-
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
         snap = self._snapshot()
-        save_file({n: t.contiguous().cpu() for n, t in snap["weights"].items()}, str(d / "weights.safetensors"))
-        tensors, meta = {}, {}
-        for name, sd in snap["optim"].items():
-            meta[name] = {"param_groups": sd["param_groups"], "state": {}}
-            for pid, st in sd["state"].items():
-                meta[name]["state"][str(pid)] = {}
-                for k, v in st.items():
-                    if torch.is_tensor(v):
-                        tensors[f"{name}/{pid}/{k}"] = v.contiguous().cpu()
-                    else:
-                        meta[name]["state"][str(pid)][k] = v
-        save_file(tensors, str(d / "optimizers.safetensors"))
-        save_file({k: v for k, v in snap["rng"].items()}, str(d / "rng.safetensors"))
-        state = {"update_count": self.update_count, "agents": self.agents, "world": self.world,
-                 "config": self.config.model_dump(mode="json"), "optimizers": meta}
-        (d / "state.json").write_text(json.dumps(state, indent=1))
+        d = checkpoint.write(directory, snap["weights"], snap["optim"], snap["rng"],
+                             {"update_count": self.update_count, "agents": self.agents, "world": self.world,
+                              "config": self.config.model_dump(mode="json")})
         self.save_adapters(d / "adapters")
         return d
 
     def load_checkpoint(self, directory) -> None:
         """Restore exactly what ``save_checkpoint`` wrote (same agents and model shapes required)."""
-        from safetensors.torch import load_file
-
-        d = Path(directory)
-        try:
-            state = json.loads((d / "state.json").read_text())
-            weights = load_file(str(d / "weights.safetensors"))
-            opt_t = load_file(str(d / "optimizers.safetensors"))
-            rng = load_file(str(d / "rng.safetensors"))
-        except (OSError, ValueError) as e:
-            raise MarftError(f"cannot read checkpoint {d}: {e}") from None
+        state, weights, optim, rng = checkpoint.read(directory, self.device)
         if state["agents"] != self.agents:
-            raise MarftError(f"checkpoint {d} is for agents {state['agents']}, this trainer has {self.agents}")
+            raise MarftError(f"checkpoint {directory} is for agents {state['agents']}, this trainer has {self.agents}")
         mine = self._named_weights()
         if set(weights) != set(mine) or any(weights[n].shape != mine[n].shape for n in mine):
-            raise MarftError(f"checkpoint {d} does not match this model/config (adapter weights differ)")
-        optim = {}
-        for name, meta in state["optimizers"].items():
-            st = {}
-            for pid, extra in meta["state"].items():
-                st[int(pid)] = dict(extra)
-            for key, t in opt_t.items():
-                oname, pid, k = key.rsplit("/", 2)
-                if oname == name:
-                    st.setdefault(int(pid), {})[k] = t.to(self.device) if k != "step" else t
-            optim[name] = {"state": st, "param_groups": meta["param_groups"]}
-        self._restore({"weights": {n: t.to(self.device) for n, t in weights.items()}, "optim": optim,
-                       "rng": rng, "update_count": state["update_count"]})
+            raise MarftError(f"checkpoint {directory} does not match this model/config (adapter weights differ)")
+        self._restore({"weights": weights, "optim": optim, "rng": rng, "update_count": state["update_count"]})
         self._stable.take(self._groups())
+
+
+def _host(x):
+    return x.detach().to("cpu", copy=True) if torch.is_tensor(x) else x
 
 
 class _progress:
