@@ -19,6 +19,7 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 
 from ...recording import capture_error, guarded, jsonable
+from ...schema import utcnow
 from .. import openai as oa
 from . import convert, tools
 from .provenance import Task
@@ -30,8 +31,6 @@ class _Call:
 
     def __init__(self, task: Task, deps: frozenset[str], messages: list[dict], params: dict, model: str,
                  sink: oa.RawCall | None, sink_token: Any):
-        from ...schema import utcnow
-
         self.task = task
         self.deps = deps
         self.messages = messages
@@ -59,6 +58,8 @@ _RUN_FINISHED.append(_forget)
 
 def _observation(call: _Call) -> dict[str, Any]:
     obs: dict[str, Any] = {"messages": call.messages}
+    if not call.params.get("tools") and call.params.get("tool_choice") is None:
+        return obs
     offered, choice = convert.offered_tools(call.params)
     if offered:
         obs["tools"] = offered

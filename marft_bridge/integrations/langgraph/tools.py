@@ -24,6 +24,7 @@ from typing import Any
 from uuid import UUID
 
 from ...recording import capture_error
+from ...schema import utcnow
 from . import convert
 from .provenance import Task
 
@@ -35,8 +36,6 @@ class _ToolRun:
 
     def __init__(self, task: Task, name: str, args: Any, call_id: str | None, owner: tuple | None,
                  deps: frozenset[str]):
-        from ...schema import utcnow
-
         self.task, self.name, self.args, self.call_id, self.owner, self.deps = task, name, args, call_id, owner, deps
         self.started, self.t0 = utcnow(), time.perf_counter()
 
