@@ -62,9 +62,18 @@ def responses_output(req: dict) -> list[dict]:
     return [message(f"echo: {_last_user_text(items)}")]
 
 
+LOGPROBS = [-0.25, -1.5, -0.125]
+
+
 def responses_reply(req: dict) -> dict:
+    output = responses_output(req)
+    if "message.output_text.logprobs" in (req.get("include") or ()):  # tokens named by id, vLLM-style
+        for item in output:
+            if item["type"] == "message":
+                item["content"][0]["logprobs"] = [{"token": f"token_id:{40 + i}", "logprob": lp, "bytes": [],
+                                                   "top_logprobs": []} for i, lp in enumerate(LOGPROBS)]
     return {"id": f"resp_{len(req.get('input') or ())}", "object": "response", "created_at": 1, "model": req["model"],
-            "status": "completed", "output": responses_output(req), "parallel_tool_calls": True,
+            "status": "completed", "output": output, "parallel_tool_calls": True,
             "tool_choice": req.get("tool_choice", "auto"), "tools": req.get("tools", []), "usage": USAGE,
             "error": None, "incomplete_details": None, "instructions": req.get("instructions")}
 

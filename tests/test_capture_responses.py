@@ -124,3 +124,15 @@ def test_episode_and_capture_install_the_hook_in_a_fresh_process(srv, tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "1 [] ['echo: in episode']", out.stdout
     assert json.dumps(srv.requests[-1]["input"]) == '"in episode"'
+
+
+def test_responses_token_ids_and_logprobs_when_the_server_names_tokens(srv, sqlite_store):
+    from fake_responses import LOGPROBS
+
+    with mb.episode(store=sqlite_store) as ep:
+        client(srv.url).responses.create(model="echo-model", input="hi", include=["message.output_text.logprobs"])
+        client(srv.url).responses.create(model="echo-model", input="hi")
+    sqlite_store.flush()
+    exact, plain = sqlite_store.get_episode(ep.id).actions
+    assert (exact.output.token_ids, exact.output.logprobs, exact.token_source) == ([40, 41, 42], LOGPROBS, "server")
+    assert (plain.output.token_ids, plain.token_source) == (None, "retokenize")

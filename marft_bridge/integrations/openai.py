@@ -173,13 +173,21 @@ def completion_fields(request: dict, response: dict) -> dict[str, Any]:
 def responses_fields(request: dict, response: dict) -> dict[str, Any]:
     """``record_action`` keyword arguments for one ``/responses`` request/response pair.
 
-    Input/output items that are neither messages nor function calls (reasoning is skipped) are
+    Token ids and log-probs come from the output text parts' ``logprobs`` when the server names
+    the tokens by id (``"token_id:N"``); otherwise the action is re-tokenised. Input/output items that are neither messages nor function calls (reasoning is skipped) are
     kept as text and listed in ``metadata["unknown_items"]``.
     """
     unknown: list[str] = []
     messages = msgs.responses_messages(request.get("instructions"), request.get("input"), unknown)
     output = msgs.responses_output(response, unknown)
     policy, metadata = _policy_and_meta(request, response)
+    # include=["message.output_text.logprobs"]: per-token log-probs on the output text parts; token
+    # ids only where the server names them ("token_id:N", vLLM's return_tokens_as_token_ids)
+    lps = [lp for item in response.get("output") or () if isinstance(item, dict) and item.get("type") == "message"
+           for part in item.get("content") or () if isinstance(part, dict) for lp in part.get("logprobs") or ()]
+    ids, lps, problem = token_data({"content": lps}, None) if lps else (None, None, None)
+    if problem:
+        metadata["token_data_dropped"] = problem
     stream = response.get(STREAM_KEY) if isinstance(response.get(STREAM_KEY), dict) else None
     if stream:
         metadata["stream_chunks"] = stream.get("chunks")
@@ -191,10 +199,10 @@ def responses_fields(request: dict, response: dict) -> dict[str, Any]:
         metadata["previous_response_id"] = request["previous_response_id"]
     return {
         "observation": _observation(messages, request, None, metadata),
-        "output": {**output, "token_ids": None, "logprobs": None},
+        "output": {**output, "token_ids": ids, "logprobs": lps},
         "sampling": _sampling(request, _RESPONSES_SAMPLING),
         "policy": policy,
-        "token_source": "retokenize",
+        "token_source": "server" if ids is not None else "retokenize",
         "metadata": {k: v for k, v in metadata.items() if v is not None},
     }
 
