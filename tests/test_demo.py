@@ -25,10 +25,22 @@ def demo(tmp_path_factory):
 def test_demo_prints_results_and_writes_the_curve(demo):
     out, results = demo
     systems = [r["system"] for r in results["rows"]]
-    assert systems == ["untrained system", "MARFT-A", "MARFT-T", "single-agent PPO"]
+    assert systems == ["untrained two-agent system", "untrained single-agent system", "MARFT-A", "independent PPO",
+                       "MARFT-T", "single-agent PPO"]
+    by = {r["system"]: r for r in results["rows"]}
+    s = results["settings"]
     for row in results["rows"]:
-        mean, std = row["accuracy"]
-        assert 0.0 <= mean <= 1.0 and std >= 0.0
+        mean, ci = row["accuracy"]
+        assert 0.0 <= mean <= 1.0 and ci >= 0.0 and 0.0 <= row["plan_prob"] <= 1.0
+    # each trained system is compared with its own untrained start
+    assert by["MARFT-A"]["vs_untrained"]["against"] == "untrained two-agent system"
+    assert by["single-agent PPO"]["vs_untrained"]["against"] == "untrained single-agent system"
+    diff = by["independent PPO"]["accuracy"][0] - by["untrained two-agent system"]["accuracy"][0]
+    assert by["independent PPO"]["vs_untrained"]["diff"] == pytest.approx(diff)
+    for evals in results["final_eval"].values():  # eval_samples per held-out question, kept per question
+        assert len(evals) == s["seeds"] and all(len(e["per_question"]) == s["heldout"] for e in evals)
+        assert all(e["samples"] == s["eval_samples"] for e in evals)
+    assert set(results["comparisons"]) >= {"MARFT-A - independent PPO"}
     assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((out / "results.json").read_text())["rows"] == json.loads(json.dumps(results["rows"]))
 
@@ -53,6 +65,7 @@ def test_episodes_have_the_right_agents_dependencies_and_versions(demo):
         for a in ep.actions:  # token-level data came from the server, exactly as sampled
             assert a.token_source == "server" and len(a.output.token_ids) == len(a.output.logprobs) > 0
             assert a.observation.prompt_token_ids
+        assert solver.sampling.seed == planner.sampling.seed + 1  # seeded requests: reproducible sampling
 
     # The untrained adapters were v1; each iteration published and hot-swapped the next version,
     # and the episodes of iteration k were served by version k+1, as their actions record.

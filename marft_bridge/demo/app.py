@@ -5,7 +5,8 @@ the plan ("5*3=15,4+15=19"). Both are ``ChatOpenAI`` models pointed at an OpenAI
 LoRA adapter.
 
 Every request asks for log-probs and (``extra_body``) the sampled token ids, which the capture hooks
-record as the behaviour policy's data for training.
+record as the behaviour policy's data for training. A run whose input carries ``seed`` sends it with
+each request (planner ``seed``, solver ``seed + 1``), so the server samples it reproducibly.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class DemoState(TypedDict, total=False):
     question: str  # "4+5*3"
     plan: str  # the planner's reply ("4+(5*3)"); for the single agent, the first line of its reply
     answer: str  # the solver's reply ("5*3=15,4+15=19"); task.reward(question, answer) checks it
+    seed: int  # optional: the sampling seed of this run's requests
 
 
 def _api_base(base_url: str) -> str:
@@ -65,11 +67,11 @@ def build_app(
     solver = chat_model(base_url, solver_model, api_key=api_key, temperature=temperature, max_tokens=max_tokens, timeout=timeout)
 
     def plan(state: DemoState, config: RunnableConfig) -> DemoState:
-        reply = planner.invoke(task.planner_messages(state["question"]), config)
+        reply = planner.invoke(task.planner_messages(state["question"]), config, **_seed(state, 0))
         return {"plan": reply.content}
 
     def solve(state: DemoState, config: RunnableConfig) -> DemoState:
-        reply = solver.invoke(task.solver_messages(state["question"], state["plan"]), config)
+        reply = solver.invoke(task.solver_messages(state["question"], state["plan"]), config, **_seed(state, 1))
         return {"answer": reply.content}
 
     return _chain("planner_solver", [("planner", plan), ("solver", solve)])
@@ -90,10 +92,14 @@ def build_single_agent_app(
     agent = chat_model(base_url, model, api_key=api_key, temperature=temperature, max_tokens=max_tokens, timeout=timeout)
 
     def act(state: DemoState, config: RunnableConfig) -> DemoState:
-        reply = agent.invoke(task.single_agent_messages(state["question"]), config)
+        reply = agent.invoke(task.single_agent_messages(state["question"]), config, **_seed(state, 0))
         return {"plan": reply.content.split("\n", 1)[0], "answer": reply.content}
 
     return _chain("single_agent", [("agent", act)])
+
+
+def _seed(state: DemoState, offset: int) -> dict:
+    return {"seed": state["seed"] + offset} if state.get("seed") is not None else {}
 
 
 def _chain(name: str, nodes: list[tuple[str, object]]):

@@ -124,3 +124,78 @@ def evaluate_single_agent(
                        max_new_tokens=max_new_tokens, seed=seed, adapter_names=_per_row(adapter, len(questions)))
     samples = [Sample(q, None, a, task.reward(q, a)) for q, a in zip(questions, answers)]
     return _result(problems, samples, [a.split("\n")[0] for a in answers])
+
+
+# -- held-out evaluation of a trainer's adapters, with sampling-error intervals -------------------------
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """Accuracy over ``samples`` sampled runs of every held-out question, and the exact probability
+    that the (first) plan is the correct one. ``ci95``: half-width of the 95% interval of
+    ``accuracy`` from sampling alone, the question set held fixed (sum over questions of
+    p_q (1 - p_q) / (samples - 1), normal approximation)."""
+
+    accuracy: float
+    ci95: float
+    plan_prob: float  # mean over questions of pi(correct plan | question), teacher-forced, exact
+    samples: int
+    per_question: list[float] = field(repr=False)
+
+
+def plan_probability(trainer, problems: list[task.Problem], *, agent: str, two_agent: bool, temperature: float,
+                     untrained: bool = False) -> list[float]:
+    """Per question, the exact probability that ``agent`` writes the correct plan (two-agent: the
+    whole reply, end-of-turn included; single agent: the reply's first line and its newline), by one
+    teacher-forced pass of the trainer's policy under ``temperature``."""
+    import torch
+
+    from ..trainers.policy import pack
+
+    p = trainer.policy
+    tok = p.tokenizer
+    obs, acts = [], []
+    for prob in problems:
+        messages = task.planner_messages(prob.question) if two_agent else task.single_agent_messages(prob.question)
+        obs.append(list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"]))
+        plan = task.plan_text(prob.question, prob.correct_order)
+        ids = list(tok(plan if two_agent else plan + "\n", add_special_tokens=False)["input_ids"])
+        acts.append(ids + [tok.eos_token_id] if two_agent else ids)
+    packed = pack(obs, acts, p.pad_id, p.device)
+    temp = torch.full((len(packed.targets),), float(temperature), device=p.device)
+    with torch.no_grad():
+        logp, _, _ = p.token_logprobs(None if untrained else p.adapter_of[agent], packed, temp)
+    seq = torch.zeros(len(obs), dtype=torch.float64).index_add_(0, packed.rows.cpu(), logp.double().cpu())
+    return seq.exp().tolist()
+
+
+def evaluate_trainer(trainer, tokenizer, problems: list[task.Problem], *, two_agent: bool, samples: int, seed: int,
+                     temperature: float = 0.7, untrained: bool = False) -> HeldOut:
+    """Held-out evaluation of the trainer's current adapters (or the untrained base) in process: every
+    question ``samples`` times through the same prompts the app sends. ``tokenizer``: left-padded
+    (:func:`load_model`)."""
+    import math
+
+    model = trainer.policy.model
+    names = trainer.policy.adapter_of
+    rows = [p for p in problems for _ in range(samples)]
+
+    def adapters(agent: str) -> list[str]:
+        return ["__base__" if untrained else names[agent]] * len(rows)  # peft's name for "no adapter"
+
+    if two_agent:
+        plans = generate(model, tokenizer, [task.planner_messages(p.question) for p in rows], temperature=temperature,
+                         seed=seed, adapter_names=adapters("planner"))
+        answers = generate(model, tokenizer, [task.solver_messages(p.question, plan) for p, plan in zip(rows, plans)],
+                           temperature=temperature, seed=seed + 1, adapter_names=adapters("solver"))
+    else:
+        answers = generate(model, tokenizer, [task.single_agent_messages(p.question) for p in rows],
+                           temperature=temperature, max_new_tokens=48, seed=seed, adapter_names=adapters("agent"))
+    rewards = [task.reward(p.question, a) for p, a in zip(rows, answers)]
+    per_q = [sum(rewards[i * samples:(i + 1) * samples]) / samples for i in range(len(problems))]
+    n = len(problems)
+    var = sum(q * (1 - q) * samples / max(1, samples - 1) for q in per_q) / samples / n ** 2
+    plan = plan_probability(trainer, problems, agent="planner" if two_agent else "agent", two_agent=two_agent,
+                            temperature=temperature, untrained=untrained)
+    return HeldOut(accuracy=sum(per_q) / n, ci95=1.96 * math.sqrt(var), plan_prob=sum(plan) / n, samples=samples,
+                   per_question=per_q)

@@ -9,8 +9,18 @@ For every method (MARFT-A, MARFT-T, single-agent PPO) and seed, on one embedded 
    new adapters as the next registry version and hot-swap them into the running server, then
    measure held-out accuracy through the server.
 
-The untrained system is each run's iteration 0. At the end: a table of held-out accuracy (mean ±
-std over seeds) and a learning-curve PNG, both under ``out``.
+Methods: MARFT-A (dependency order, M over ancestors, clipped), independent per-agent PPO (the same
+adapters with M = 1: what the sequential trust region adds), MARFT-T, and single-agent PPO (one
+agent does the whole task). Every request carries a seed, so a run samples reproducibly.
+
+Evaluation. The learning curve is held-out accuracy through the server after every iteration
+(``heldout`` questions, one sample each). The table evaluates in process, on the same held-out
+questions, ``eval_samples`` samples per question plus the exact (teacher-forced) probability of
+the correct plan: the untrained two-agent and single-agent systems separately (adapters start as
+the identity, so one evaluation each), each trained run's final adapters, and each trained system
+against its own untrained start. Intervals are 95% intervals of the sampling error with the
+question set held fixed; seed-to-seed spread is reported beside them. Everything goes to
+``results.json``; a learning-curve PNG with bands beside it.
 """
 
 from __future__ import annotations
@@ -27,7 +37,13 @@ from pydantic import BaseModel
 
 log = logging.getLogger("marft_bridge.demo")
 
-METHODS = {"marft_a": "MARFT-A", "marft_t": "MARFT-T", "single_agent": "single-agent PPO"}
+METHODS = {"marft_a": "MARFT-A", "independent": "independent PPO", "marft_t": "MARFT-T",
+           "single_agent": "single-agent PPO"}
+# Trainer options per method on top of DemoSettings.trainer (MarftConfig defaults: dependency order,
+# M over ancestors in D, clipped).
+METHOD_CONFIG = {"marft_a": {"mode": "marft_a"}, "independent": {"mode": "marft_a", "factor_scope": "none"},
+                 "marft_t": {"mode": "marft_t"}, "single_agent": {"mode": "single_agent"}}
+UNTRAINED = {"two_agent": "untrained two-agent system", "single_agent": "untrained single-agent system"}
 
 
 class DemoSettings(BaseModel):
@@ -35,6 +51,7 @@ class DemoSettings(BaseModel):
     iterations: int = 6
     episodes_per_iteration: int = 48
     heldout: int = 96
+    eval_samples: int = 24  # in-process samples per held-out question for the table
     concurrency: int = 16
     temperature: float = 0.7
     methods: list[str] = list(METHODS)
@@ -53,7 +70,7 @@ class DemoSettings(BaseModel):
 
     @classmethod
     def quick(cls) -> DemoSettings:
-        return cls(seeds=1, iterations=2, episodes_per_iteration=16, heldout=24)
+        return cls(seeds=1, iterations=2, episodes_per_iteration=8, heldout=12, eval_samples=2)
 
 
 class _Run:
@@ -74,7 +91,9 @@ class _Run:
         # Captured agents are the graph's node names; the server names adapters per run.
         agents = ["agent"] if single else ["planner", "solver"]
         self.served = {a: f"{a}-{method}-s{seed}".replace("_", "-") for a in agents}
-        self.trainer = MarftTrainer(MarftConfig(mode=method, seed=seed, **s.trainer), base, agents=agents)
+        self.single = single
+        self.seed = seed
+        self.trainer = MarftTrainer(MarftConfig(seed=seed, **{**s.trainer, **METHOD_CONFIG[method]}), base, agents=agents)
         if single:
             build = lambda: demo_app.build_single_agent_app(server.url, key, model=self.served["agent"],  # noqa: E731
                                                             temperature=s.temperature)
@@ -102,10 +121,11 @@ class _Run:
         self.versions.append(versions)
         return versions
 
-    def rollout(self, problems, concurrency: int) -> list:
-        """Run the instrumented app; return the captured episodes (as the store holds them)."""
+    def rollout(self, problems, concurrency: int, seed: int) -> list:
+        """Run the instrumented app (run k sends seed ``seed + 2k``); return the captured episodes."""
         cursor = self.store.cursor()
-        self.app.batch([{"question": p.question} for p in problems], config={"max_concurrency": concurrency})
+        self.app.batch([{"question": p.question, "seed": seed + 2 * k} for k, p in enumerate(problems)],
+                       config={"max_concurrency": concurrency})
         self.store.flush()
         _, ids = self.store.changed_since(cursor)
         return [e for e in (self.store.get_episode(i) for i in ids) if e.source == self.source]
@@ -113,7 +133,9 @@ class _Run:
     def accuracy(self, problems, concurrency: int) -> float:
         from . import task
 
-        outs = self.eval_app.batch([{"question": p.question} for p in problems], config={"max_concurrency": concurrency})
+        # The same seeds at every iteration: the curve's steps are changes of the adapters, not of the draw.
+        outs = self.eval_app.batch([{"question": p.question, "seed": 10**9 + 2 * k} for k, p in enumerate(problems)],
+                                   config={"max_concurrency": concurrency})
         return sum(task.reward(p.question, o.get("answer")) for p, o in zip(problems, outs)) / len(problems)
 
 
@@ -147,6 +169,11 @@ def run_demo(out: str | Path = ".marft/demo", quick: bool = False, seeds: int | 
     registry = AdapterRegistry(out / "registry")
     key = secrets.token_hex(16)
     curves: dict[str, list[list[float]]] = {m: [] for m in s.methods}
+    final: dict[str, list[dict]] = {m: [] for m in s.methods}
+    untrained: dict[str, dict] = {}
+    from .evaluate import load_model
+
+    _, tokenizer = load_model(base)  # left-padded, for batched in-process generation
     checks = {"episodes": 0, "versions_recorded": True}
 
     console.print(f"[bold]2/3[/] embedded server on {base.name}; {len(s.methods)} methods x {s.seeds} seeds x "
@@ -164,7 +191,7 @@ def run_demo(out: str | Path = ".marft/demo", quick: bool = False, seeds: int | 
                     bar.update(job, description=f"{METHODS[method]} seed {seed}",
                                status=f"iter {it + 1}: held-out {curve[-1]:.2f}")
                     problems = task.sample_problems(splits.train, s.episodes_per_iteration, seed=seed * 1000 + it)
-                    episodes = run.rollout(problems, s.concurrency)
+                    episodes = run.rollout(problems, s.concurrency, seed=(seed * 1000 + it) * 10**4)
                     checks["episodes"] += len(episodes)
                     live = run.versions[-1]
                     checks["versions_recorded"] &= all(
@@ -175,11 +202,15 @@ def run_demo(out: str | Path = ".marft/demo", quick: bool = False, seeds: int | 
                     curve.append(run.accuracy(heldout, s.concurrency))
                     bar.advance(job)
                 curves[method].append(curve)
-                _write_metrics(out, method, seed, curve, run.versions)
+                bar.update(job, status="held-out evaluation")
+                final[method].append(_evaluate(run, tokenizer, heldout, s, seed=seed))
+                if UNTRAINED[_kind(method)] not in untrained:  # the v1 adapters are the identity: one evaluation
+                    untrained[UNTRAINED[_kind(method)]] = _evaluate(run, tokenizer, heldout, s, seed=-1, untrained=True)
+                _write_metrics(out, method, seed, curve, run.versions, final[method][-1])
 
-    results = _summarise(curves, s, time.perf_counter() - started, checks, out)
+    results = _summarise(curves, final, untrained, s, time.perf_counter() - started, checks, out)
     _print_table(console, results)
-    _plot(curves, out / "learning_curve.png")
+    _plot(curves, out / "learning_curve.png", len(heldout))
     console.print(f"[bold]3/3[/] results in {out / 'results.json'}, learning curve in {out / 'learning_curve.png'}")
     return results
 
@@ -200,21 +231,57 @@ def _fresh_dir(out: Path) -> Path:
     return out
 
 
-def _write_metrics(out: Path, method: str, seed: int, curve: list[float], versions: list[dict]) -> None:
+def _kind(method: str) -> str:
+    return "single_agent" if method == "single_agent" else "two_agent"
+
+
+def _evaluate(run: _Run, tokenizer, heldout, s: DemoSettings, seed: int, untrained: bool = False) -> dict:
+    from .evaluate import evaluate_trainer
+
+    r = evaluate_trainer(run.trainer, tokenizer, heldout, two_agent=not run.single, samples=s.eval_samples,
+                         seed=10**6 + seed, temperature=s.temperature, untrained=untrained)
+    return {"accuracy": r.accuracy, "ci95": r.ci95, "plan_prob": r.plan_prob, "samples": r.samples,
+            "per_question": r.per_question}
+
+
+def _write_metrics(out: Path, method: str, seed: int, curve: list[float], versions: list[dict], final: dict) -> None:
     with open(out / "curves.jsonl", "a") as f:
-        f.write(json.dumps({"method": method, "seed": seed, "heldout_accuracy": curve, "versions": versions}) + "\n")
+        f.write(json.dumps({"method": method, "seed": seed, "heldout_accuracy": curve, "versions": versions,
+                            "final_eval": final}) + "\n")
 
 
-def _mean_std(xs: list[float]) -> tuple[float, float]:
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+def _pooled(evals: list[dict]) -> tuple[float, float]:
+    """Mean over runs and the 95% sampling half-width of that mean (runs sample independently)."""
+    mean = statistics.fmean(e["accuracy"] for e in evals)
+    return mean, (sum(e["ci95"] ** 2 for e in evals) ** 0.5) / len(evals)
 
 
-def _summarise(curves: dict, s: DemoSettings, seconds: float, checks: dict, out: Path) -> dict:
-    untrained = [c[0] for runs in curves.values() for c in runs]
-    rows = [{"system": "untrained system", "accuracy": _mean_std(untrained)}]
-    rows += [{"system": METHODS[m], "accuracy": _mean_std([c[-1] for c in runs])} for m, runs in curves.items()]
-    results = {"settings": s.model_dump(), "seeds": list(range(s.seeds)), "rows": rows, "seconds": seconds,
-               "checks": checks, "curves": curves}
+def _summarise(curves: dict, final: dict, untrained: dict, s: DemoSettings, seconds: float, checks: dict,
+               out: Path) -> dict:
+    rows = []
+    for name, e in untrained.items():
+        rows.append({"system": name, "accuracy": [e["accuracy"], e["ci95"]], "plan_prob": e["plan_prob"],
+                     "per_seed": [e["accuracy"]], "vs_untrained": None})
+    for m, evals in final.items():
+        if not evals:
+            continue
+        mean, ci = _pooled(evals)
+        start = untrained[UNTRAINED[_kind(m)]]
+        rows.append({"system": METHODS[m], "accuracy": [mean, ci],
+                     "plan_prob": statistics.fmean(e["plan_prob"] for e in evals),
+                     "per_seed": [e["accuracy"] for e in evals],
+                     "seed_std": statistics.stdev([e["accuracy"] for e in evals]) if len(evals) > 1 else 0.0,
+                     "vs_untrained": {"against": UNTRAINED[_kind(m)], "diff": mean - start["accuracy"],
+                                      "ci95": (ci ** 2 + start["ci95"] ** 2) ** 0.5}})
+    by = {r["system"]: r for r in rows}
+    comparisons = {}
+    for a, b in (("MARFT-A", "independent PPO"), ("MARFT-A", "MARFT-T"), ("MARFT-A", "single-agent PPO")):
+        if a in by and b in by:
+            diff = by[a]["accuracy"][0] - by[b]["accuracy"][0]
+            ci = (by[a]["accuracy"][1] ** 2 + by[b]["accuracy"][1] ** 2) ** 0.5
+            comparisons[f"{a} - {b}"] = {"diff": diff, "ci95": ci, "significant": abs(diff) > ci}
+    results = {"settings": s.model_dump(), "seeds": list(range(s.seeds)), "rows": rows, "comparisons": comparisons,
+               "seconds": seconds, "checks": checks, "curves": curves, "final_eval": final, "untrained_eval": untrained}
     (out / "results.json").write_text(json.dumps(results, indent=2))
     return results
 
@@ -224,31 +291,44 @@ def _print_table(console, results: dict) -> None:
 
     s = results["settings"]
     table = Table(title=f"held-out accuracy after {s['iterations']} iterations x {s['episodes_per_iteration']} "
-                        f"episodes (seeds {results['seeds']}, {results['seconds']:.0f} s)")
+                        f"episodes (seeds {results['seeds']}; {s['heldout']} questions x {s['eval_samples']} samples; "
+                        f"{results['seconds']:.0f} s)")
     table.add_column("system")
-    table.add_column("accuracy (mean ± std)", justify="right")
+    table.add_column("accuracy ± 95% (sampling)", justify="right")
+    table.add_column("per seed", justify="right")
+    table.add_column("P(correct plan)", justify="right")
+    table.add_column("vs its untrained start", justify="right")
     for row in results["rows"]:
-        mean, std = row["accuracy"]
-        table.add_row(row["system"], f"{mean:.3f} ± {std:.3f}")
+        mean, ci = row["accuracy"]
+        vs = row["vs_untrained"]
+        table.add_row(row["system"], f"{mean:.3f} ± {ci:.3f}", ", ".join(f"{x:.3f}" for x in row["per_seed"]),
+                      f"{row['plan_prob']:.3f}", f"{vs['diff']:+.3f} ± {vs['ci95']:.3f}" if vs else "")
     console.print(table)
+    for name, c in results["comparisons"].items():
+        console.print(f"{name}: {c['diff']:+.3f} ± {c['ci95']:.3f} (95%, sampling only): "
+                      f"{'significant' if c['significant'] else 'not significant'}")
 
 
-def _plot(curves: dict, path: Path) -> None:
+def _plot(curves: dict, path: Path, n_questions: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6.5, 4))
     for method, runs in curves.items():
         if not runs:
             continue
         xs = range(len(runs[0]))
         means = [statistics.fmean(c[i] for c in runs) for i in xs]
-        ax.plot(xs, means, marker="o", label=METHODS[method])
+        # band: 95% sampling interval of the mean over runs x questions at each iteration
+        half = [1.96 * (m * (1 - m) / (n_questions * len(runs))) ** 0.5 for m in means]
+        line, = ax.plot(xs, means, marker="o", label=METHODS[method])
+        ax.fill_between(xs, [m - h for m, h in zip(means, half)], [m + h for m, h in zip(means, half)], alpha=0.15,
+                        color=line.get_color())
     ax.set_xlabel("iteration (0 = untrained)")
-    ax.set_ylabel("held-out accuracy")
-    ax.set_title("marft demo: planner/solver arithmetic")
+    ax.set_ylabel("held-out accuracy (server, 1 sample/question)")
+    ax.set_title("marft demo: planner/solver arithmetic (95% sampling bands)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
