@@ -55,6 +55,14 @@ API
 
 ``jsonable(obj)``: a JSON-safe copy of an app input/output (what ``Episode.task`` holds).
 
+Framework tasks (the protocol integrations share without importing each other)
+    ``register_task_context(in_task, record, current=None)``: an integration that knows which
+    framework task is running (the LangGraph capture: a node) registers how to probe for it, record
+    into it and hand it out; ``in_framework_task()``, ``record_in_framework_task(fields, started,
+    kind)`` and ``current_framework_task()`` (a ``FrameworkTask``: ``agent``, ``step``,
+    ``recorder``, ``finished``, ``depends_on()``, ``record(kind, fields, depends_on, started)``) are
+    what the raw-client, MCP and A2A captures call.
+
 Errors and listeners
     ``guarded(where, recorder=None)``: context manager that logs + counts any exception.
     ``capture_error(where, exc, recorder=None)`` counts one; ``capture_stats()`` returns
