@@ -67,7 +67,7 @@ def train_memorising_model(
         logits = model(input_ids=ids).logits[0, n - 1 : -1]  # [len(target), V]: each target token's prediction
         loss = torch.nn.functional.cross_entropy(logits, ids[0, n:])
         # Done when greedy gives the target with a margin (a low loss), so batching noise cannot flip a token.
-        if float(loss) < 0.01 and torch.equal(logits.argmax(-1), ids[0, n:]):
+        if float(loss.detach()) < 0.01 and torch.equal(logits.argmax(-1), ids[0, n:]):
             break
         loss.backward()
         opt.step()

@@ -126,6 +126,7 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
             return model.model_validate_json(body)
         except ValidationError as e:
             raise _validation_error(e) from None
+
     def token_text(tid: int) -> str:
         return tok.decode([tid], skip_special_tokens=False)
 
@@ -336,6 +337,8 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
                         yield sse(envelope("chat.completion.chunk", cid, created, body, [], adapter, usage=usage(payload)))
                     break
         except APIError as e:
+            if e.status >= 500:
+                log.error("request %s: %s", rid, e.message)
             yield sse(_error_body(e))
         except Exception:  # noqa: BLE001 - the stream has started: the error goes in it, as JSON
             log.exception("request %s: stream failed", rid)
@@ -398,6 +401,8 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
                         if kind == "done":
                             break
                 except APIError as e:
+                    if e.status >= 500:
+                        log.error("request %s: %s", rid, e.message)
                     yield sse(_error_body(e))
                 except Exception:  # noqa: BLE001 - the stream has started: the error goes in it, as JSON
                     log.exception("request %s: stream failed", rid)
