@@ -254,7 +254,7 @@ def test_fsdp2_is_refused_with_a_clear_message(tiny_model_dir):
     from marft_bridge.errors import MarftError
     from marft_bridge.trainers.marft import MarftTrainer
 
-    with pytest.raises(MarftError, match="parallelism 'fsdp2' is not supported on CPU"):
+    with pytest.raises(MarftError, match="parallelism 'fsdp2' is not implemented"):
         MarftTrainer(MarftConfig(parallelism="fsdp2"), tiny_model_dir, agents=["a"])
 
 

@@ -15,8 +15,8 @@ all-reduce (about 400 tensors at all-linear targets would otherwise be 400 colle
 
 Strategy (``README``): replicated (every rank holds the whole bf16 base, DDP-style averaging here)
 fits a base up to about 30B parameters on an 80 GB GPU (60 GB of weights + activations under
-checkpointing and micro-batching); beyond that the base must be sharded (FSDP2), which
-``check_strategy`` refuses on CPU and this trainer does not implement yet.
+checkpointing and micro-batching); beyond that the base must be sharded (FSDP2), which this
+trainer does not implement yet: ``check_strategy`` refuses it with a clear error.
 """
 
 from __future__ import annotations
@@ -97,13 +97,19 @@ def all_reduce_gradients(params: list[torch.nn.Parameter], device: torch.device,
 
 
 def check_strategy(strategy: str, device: torch.device) -> None:
-    """Refuse what this trainer cannot run: FSDP2 sharding is not implemented (replicated only)."""
+    """Refuse what this trainer cannot run: FSDP2 sharding is not implemented (replicated only).
+
+    torch 2.13 itself runs ``fully_shard`` on gloo/CPU with frozen and trainable parameters in one
+    group; what the trainer lacks is the rest: the chunked LM head and the KV-cached sampler call
+    modules outside their FSDP forward, peft's per-adapter ``requires_grad`` toggling, gathered
+    adapter saves and sharded rollback snapshots.
+    """
     from ..errors import MarftError
 
     if strategy == "replicated":
         return
     if strategy == "fsdp2":
-        where = "on CPU (gloo)" if device.type == "cpu" else "yet"
-        raise MarftError(f"parallelism 'fsdp2' is not supported {where}: this trainer replicates the base on "
-                         "every rank (DDP-style, bases up to ~30B on 80 GB GPUs); use parallelism 'replicated'")
+        raise MarftError(f"parallelism 'fsdp2' is not implemented (device {device.type}): this trainer replicates "
+                         "the base on every rank (DDP-style, bases up to ~30B on 80 GB GPUs); use parallelism "
+                         "'replicated'")
     raise MarftError(f"unknown parallelism {strategy!r}; expected 'replicated' or 'fsdp2'")
