@@ -149,3 +149,27 @@ def test_a_capture_failure_never_reaches_the_run(srv, sqlite_store, monkeypatch)
     ep = sqlite_store.get_episode(cap.episode_ids[0])
     assert [(a.agent, a.kind) for a in ep.actions] == [("triage", "llm"), ("triage", "llm"), ("billing", "llm")]
     assert ep.metadata["capture_errors"] == 2
+
+
+def test_one_capture_block_records_langgraph_and_agents_sdk_runs(srv, sqlite_store):
+    from typing import TypedDict
+
+    from langgraph.graph import START, StateGraph
+    from openai import OpenAI
+
+    class S(TypedDict):
+        q: str
+
+    chat = OpenAI(base_url=srv.url, api_key="test", max_retries=0)
+    graph = StateGraph(S)
+    graph.add_node("asker", lambda s: {"q": chat.chat.completions.create(
+        model="helper-model", messages=[{"role": "user", "content": s["q"]}]).choices[0].message.content})
+    graph.add_edge(START, "asker")
+    with mb.capture(store=sqlite_store) as cap:
+        graph.compile().invoke({"q": "hi"})
+        Runner.run_sync(team(srv.url), "weather in Paris, then bill me")
+    sqlite_store.flush()
+    first, second = (sqlite_store.get_episode(e) for e in cap.episode_ids)
+    assert [(a.agent, a.output.text) for a in first.actions] == [("asker", "helper says hi")]
+    assert (first.source, second.source) == ("langgraph", "openai_agents")
+    check_episode(second)
