@@ -2,7 +2,7 @@
 SSE events) and chat completions, on 127.0.0.1: what the OpenAI Agents SDK and pydantic-ai talk to
 in the capture tests. Each model follows a script keyed by how many tool results its input holds:
 
-- ``triage-model``: no tool result yet -> calls ``lookup(city="Paris")``; one -> calls
+- ``triage-model`` (Responses API or chat completions): no tool result yet -> calls ``lookup(city="Paris")``; one -> calls
   ``transfer_to_billing`` (a handoff); more -> answers text;
 - ``billing-model``: answers ``"billed: <the lookup result>"``;
 - ``echo-model``: answers ``"echo: <last user text>"``;
@@ -103,7 +103,13 @@ def chat_reply(req: dict) -> dict:
     user = next((m["content"] for m in reversed(msgs) if m.get("role") == "user"), "")
     user = user if isinstance(user, str) else "".join(p.get("text", "") for p in user)
     calls, text = None, None
-    if model == "boss-model" and not results:
+    if model in ("triage-model", "billing-model"):  # the Responses script, in chat-completions shape
+        items = [{"type": "function_call_output", "output": r} for r in results]
+        out = responses_output({"model": model, "input": items})
+        text = "".join(i["content"][0]["text"] for i in out if i["type"] == "message") or None
+        calls = [{"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
+                 for i in out if i["type"] == "function_call"] or None
+    elif model == "boss-model" and not results:
         calls = [{"id": "call_helper", "type": "function",
                   "function": {"name": "ask_helper", "arguments": json.dumps({"question": "capital of France?"})}}]
     elif model == "boss-model" and len(results) == 1:

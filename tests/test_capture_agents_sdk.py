@@ -8,7 +8,7 @@ import asyncio
 import json
 
 import pytest
-from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_trace_processors
+from agents import Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, function_tool, set_trace_processors
 from openai import AsyncOpenAI
 
 import marft_bridge as mb
@@ -31,7 +31,7 @@ def _only_our_processor(monkeypatch):
     reset_capture_stats()
 
 
-def team(url: str):
+def team(url: str, model_class=OpenAIResponsesModel):
     client = AsyncOpenAI(base_url=url, api_key="test", max_retries=0)
 
     @function_tool
@@ -39,9 +39,9 @@ def team(url: str):
         """The weather in a city."""
         return f"{city}: 21C"
 
-    billing = Agent(name="billing", instructions="You bill.", model=OpenAIResponsesModel("billing-model", client))
+    billing = Agent(name="billing", instructions="You bill.", model=model_class("billing-model", client))
     triage = Agent(name="triage", instructions="You route.", tools=[lookup], handoffs=[billing],
-                   model=OpenAIResponsesModel("triage-model", client))
+                   model=model_class("triage-model", client))
     return triage
 
 
@@ -173,3 +173,11 @@ def test_one_capture_block_records_langgraph_and_agents_sdk_runs(srv, sqlite_sto
     assert [(a.agent, a.output.text) for a in first.actions] == [("asker", "helper says hi")]
     assert (first.source, second.source) == ("langgraph", "openai_agents")
     check_episode(second)
+
+
+def test_chat_completions_models_give_the_same_episode(srv, sqlite_store):
+    with mb.capture(store=sqlite_store) as cap:
+        result = Runner.run_sync(team(srv.url, OpenAIChatCompletionsModel), "weather in Paris, then bill me")
+    assert result.final_output == "billed: Paris: 21C" and "messages" in srv.requests[-1]
+    sqlite_store.flush()
+    check_episode(sqlite_store.get_episode(cap.episode_ids[0]))
