@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import logging
 import os
 import sys
 
@@ -117,7 +118,10 @@ def _serve(args) -> int:
     if not os.path.isdir(args.base_model):
         raise MarftError(f"--base-model {args.base_model} is not a model directory")
     if not _is_loopback(args.host) and not api_key:
-        print(f"marft serve: warning: binding {args.host} without --api-key exposes the server", file=sys.stderr)
+        raise MarftError(f"refusing to bind {args.host} without --api-key (or MARFT_API_KEY): a non-loopback "
+                         "server needs a key for its admin endpoints")
+    # The server logs refused requests, 500s (with their request id) and worker faults.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     registry = AdapterRegistry(args.registry)
     engine = AdapterEngine(
         args.base_model,
