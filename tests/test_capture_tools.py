@@ -215,3 +215,43 @@ def test_tool_steps_are_not_trained_but_every_model_call_is(sqlite_store):
         batch = build_batch([ep], tok, {a.agent for a in llm}, len(tok), max_context=16384, default_temperature=1.0)
         assert len(batch.samples) == len(llm), (make.__name__, dict(batch.skipped))
         assert not batch.skipped
+
+
+def _parent_command_from_a_node_app(fake_model):
+    from typing import TypedDict
+
+    from langgraph.types import Command
+
+    class S(TypedDict, total=False):
+        q: str
+        draft: str
+        final: str
+
+    writer, finisher = fake_model("a draft"), fake_model("the final text")
+
+    def write(s):
+        return {"draft": writer.invoke([HumanMessage(s["q"])]).content}
+
+    def hand_off(s):  # a node (no model, no tool) that hands control to the parent graph
+        return Command(graph=Command.PARENT, goto="finisher", update={"draft": s["draft"] + "!"})
+
+    sub = StateGraph(S)
+    sub.add_node("writer", write)
+    sub.add_node("hand_off", hand_off)
+    sub.add_edge(START, "writer")
+    sub.add_edge("writer", "hand_off")
+    g = StateGraph(S)
+    g.add_node("team", sub.compile(), destinations=("finisher",))
+    g.add_node("finisher", lambda s: {"final": finisher.invoke([HumanMessage(s["draft"])]).content})
+    g.add_edge(START, "team")
+    g.add_edge("finisher", END)
+    return g.compile()
+
+
+def test_a_nodes_parent_command_carries_what_it_read_to_the_parent(sqlite_store):
+    from test_capture_langgraph import fake
+
+    app = mb.instrument(_parent_command_from_a_node_app(fake), store=sqlite_store)
+    assert app.invoke({"q": "go"})["final"] == "the final text"
+    ep = stored(sqlite_store, app)
+    assert graph(ep) == {"team/writer:llm#0": (1, []), "finisher:llm#0": (2, ["team/writer:llm#0"])}

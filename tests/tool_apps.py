@@ -22,6 +22,7 @@ Apps (each a function returning a compiled graph):
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypedDict
 
@@ -108,9 +109,17 @@ def calculator(messages: list[BaseMessage]) -> AIMessage:
     return AIMessage("results: " + ", ".join(str(m.content) for m in results))
 
 
-def react_app(name: str | None = None) -> Any:
-    from langgraph.prebuilt import create_react_agent
+def create_react_agent(*args: Any, **kw: Any) -> Any:
+    """``langgraph.prebuilt.create_react_agent`` (deprecated in favour of ``create_agent``, still used
+    by langgraph-supervisor and most apps), without its deprecation warning."""
+    from langgraph.prebuilt import create_react_agent as create
 
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return create(*args, **kw)
+
+
+def react_app(name: str | None = None) -> Any:
     return create_react_agent(ToolCallingModel(policy=calculator), [add, multiply], name=name)
 
 
@@ -140,11 +149,12 @@ def _adder(messages: list[BaseMessage]) -> AIMessage:
 
 
 def supervisor_app() -> Any:
-    from langgraph.prebuilt import create_react_agent
     from langgraph_supervisor import create_supervisor
 
     expert = create_react_agent(ToolCallingModel(policy=_adder), [add], name="math_expert")
-    return create_supervisor([expert], model=ToolCallingModel(policy=_supervisor)).compile()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return create_supervisor([expert], model=ToolCallingModel(policy=_supervisor)).compile()
 
 
 def _alice(messages: list[BaseMessage]) -> AIMessage:
@@ -152,7 +162,6 @@ def _alice(messages: list[BaseMessage]) -> AIMessage:
 
 
 def swarm_app() -> Any:
-    from langgraph.prebuilt import create_react_agent
     from langgraph_swarm import create_handoff_tool, create_swarm
 
     alice = create_react_agent(ToolCallingModel(policy=_alice), [create_handoff_tool(agent_name="bob")], name="alice")

@@ -247,9 +247,10 @@ def _loop_exited(loop: Any, exc: BaseException | None) -> None:
             from langgraph.errors import GraphBubbleUp, GraphInterrupt
 
             if isinstance(exc, GraphBubbleUp) and not isinstance(exc, GraphInterrupt):
-                # A ParentCommand (a handoff tool's Command(graph=PARENT)) unwound the step: what its
-                # tasks recorded (the handoff's tool step) is what the parent graph receives.
-                st.bubbled = pv.EMPTY.union(*(frozenset(t.actions) for tid in loop.tasks
+                # A ParentCommand (a handoff tool's or a node's Command(graph=PARENT)) unwound the step:
+                # what its tasks recorded (the handoff's tool step), or for a task that recorded
+                # nothing its inputs, is what the parent graph receives.
+                st.bubbled = pv.EMPTY.union(*(frozenset(t.actions) or t.deps for tid in loop.tasks
                                               if (t := TASKS.get(tid)) is not None))
             _save_history(st, exc)
     run = d.pop("_marft_owns_run", None)
