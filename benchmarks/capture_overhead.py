@@ -7,9 +7,11 @@ The three variants are timed in interleaved rounds (the machine is noisy); each 
 median per-invoke wall time and process CPU time (all threads) over rounds. marft_bridge writes
 every episode to a real SQLite TraceStore through its background queue: the writer thread runs
 during the timed loop, and the loop ends with a flush, so every episode is written within the
-timed wall and CPU (all threads) figures; the flush's own share is also reported apart. A fourth variant captures into a store that
-discards episodes, to show the capture's own cost apart from the SQLite writes. OpenInference
-exports to an in-memory span exporter. Targets: our added time at most half of OpenInference's,
+timed wall and CPU (all threads) figures; the flush's own share is also reported apart. A fourth
+variant captures into a store that discards episodes, to show the capture's own cost apart from
+the SQLite writes; a fifth runs the plain app with a LangChain callback handler that does nothing,
+the share of the capture's cost that is LangChain's own dispatch to any handler (the public tier
+is such a handler). OpenInference exports to an in-memory span exporter. Targets: our added time at most half of OpenInference's,
 and at most 15% of plain.
 """
 
@@ -49,6 +51,24 @@ def build_app():
     return g.compile()
 
 
+def noop_handler():
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class Noop(BaseCallbackHandler):
+        """Receives model calls like the capture's handler and does nothing."""
+
+        run_inline = True
+        ignore_chain = ignore_retriever = ignore_retry = ignore_custom_event = True
+
+        def on_chat_model_start(self, *args, **kwargs) -> None:
+            pass
+
+        def on_llm_end(self, *args, **kwargs) -> None:
+            pass
+
+    return Noop()
+
+
 class DiscardStore:
     """A store that drops every episode: isolates the capture's cost from the database's."""
 
@@ -86,10 +106,10 @@ def main() -> None:
 
     drains: list[float] = []
 
-    def run(app, after=None) -> tuple[float, float]:
+    def run(app, after=None, config=None) -> tuple[float, float]:
         w0, c0 = time.perf_counter(), time.process_time()
         for _ in range(args.invokes):
-            app.invoke(inputs)
+            app.invoke(inputs, config)
         if after is not None:
             after()
         return (time.perf_counter() - w0) / args.invokes, (time.process_time() - c0) / args.invokes
@@ -110,8 +130,10 @@ def main() -> None:
             oi.uninstrument()
             spans.clear()
 
+    noop = {"callbacks": [noop_handler()]}
     variants = {"plain": lambda: run(plain_app), "marft_bridge": timed_ours,
-                "capture_only": lambda: run(capture_only_app), "openinference": timed_oi}
+                "capture_only": lambda: run(capture_only_app), "lc_noop_handler": lambda: run(plain_app, config=noop),
+                "openinference": timed_oi}
     for fn in variants.values():  # warm up imports and caches
         fn()
     drains.clear()
@@ -127,9 +149,9 @@ def main() -> None:
 
     print()
     print(f"per invoke, median of {args.rounds} rounds x {args.invokes} invokes:")
-    print(f"  {'':14s} {'wall ms':>9s} {'cpu ms':>9s}")
+    print(f"  {'':16s} {'wall ms':>9s} {'cpu ms':>9s}")
     for k in variants:
-        print(f"  {k:14s} {statistics.median(wall[k]) * 1e3:9.3f} {statistics.median(cpu[k]) * 1e3:9.3f}")
+        print(f"  {k:16s} {statistics.median(wall[k]) * 1e3:9.3f} {statistics.median(cpu[k]) * 1e3:9.3f}")
     for label, table in (("wall", wall), ("cpu", cpu)):
         med = {k: statistics.median(v) for k, v in table.items()}
         theirs = med["openinference"] - med["plain"]
@@ -138,6 +160,8 @@ def main() -> None:
             ours = med[name] - med["plain"]
             print(f"{label}: added by {name:13s} {ours * 1e3:.3f} ms = {ours / med['plain']:.1%} of plain "
                   f"(target <= 15%), {ours / theirs:.2f} of OpenInference's (target <= 0.50)")
+        lc = med["lc_noop_handler"] - med["plain"]
+        print(f"{label}: of which LangChain's dispatch to a no-op handler {lc * 1e3:.3f} ms = {lc / med['plain']:.1%}")
     print(f"final flush (within the timed figures): {statistics.median(drains) * 1e3:.3f} ms wall per episode")
     print(f"episodes stored: {store.count()}, capture errors: {capture_stats()['errors']}, dropped: {store.dropped}")
     store.close()
