@@ -13,8 +13,6 @@ by its share of the minibatch (``weights``), so the accumulated gradient is the 
 
 from __future__ import annotations
 
-DEFAULT_MICRO_BATCH_TOKENS = 16384
-
 
 def plan(lengths: list[int], budget: int, max_rows: int | None = None) -> list[list[int]]:
     """Indices into ``lengths`` grouped into micro-batches of padded size <= budget (one per

@@ -35,7 +35,7 @@ import torch
 
 from ..errors import MarftError
 from .config import MarftConfig
-from .logprobs import DEFAULT_CHUNK_TOKENS, chunked_logprobs
+from .logprobs import chunked_logprobs
 
 CRITIC_ADAPTER = "marft_critic"
 
@@ -52,11 +52,6 @@ def adapter_name(agent: str) -> str:
     # peft adapter names become module keys (no dots) and must not occur inside "lora_": map, not refuse.
     name = re.sub(r"[^A-Za-z0-9_-]", "_", agent)
     return name if name not in "lora_" else f"agent_{name}"
-
-
-def option(config: MarftConfig, name: str, default):
-    """A scale option of the config, or its default where the config has no such field."""
-    return getattr(config, name, default)
 
 
 @dataclass
@@ -130,9 +125,9 @@ class MultiAgentPolicy:
         base.requires_grad_(False)
         self.vocab_size = base.config.vocab_size
         self.max_context = config.max_context or getattr(base.config, "max_position_embeddings", None) or 2048
-        self.chunk_tokens = option(config, "logits_chunk_tokens", DEFAULT_CHUNK_TOKENS)
-        ckpt = option(config, "gradient_checkpointing", None)
-        self.gradient_checkpointing = device.type == "cuda" if ckpt is None else bool(ckpt)
+        self.chunk_tokens = config.logits_chunk_tokens
+        ckpt = config.gradient_checkpointing
+        self.gradient_checkpointing = device.type == "cuda" if ckpt is None else ckpt
         if self.gradient_checkpointing:
             if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.23's name
                 base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})

@@ -6,6 +6,10 @@ is a RolloutPolicy: an in-process sampler (``policy.act(agent, messages, ...)`` 
 schema Action with prompt token ids, sampled ids and behaviour log-probs) and, for systems that call
 a server instead, ``policy.save_adapters(dir)`` to publish the current adapters first. The trainer
 consumes the returned episodes exactly like stored traces.
+
+In-process sampling is KV-cached (``MultiAgentPolicy.sample``: one prefill of the left-padded
+prompts, then one token per step) and reports the processed log-probs ``marft serve`` reports with
+top-k/top-p off (log-softmax of logits / T), which equal the trainer's forward.
 """
 
 from __future__ import annotations
