@@ -12,8 +12,6 @@ puts every original back (``PregelLoop.tick is original``).
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextvars
 import logging
 import threading
@@ -24,7 +22,7 @@ from ...recording import capture_error, guarded
 from . import channels as kinds
 from . import futures
 from . import provenance as pv
-from .runs import RUN, TASKS, CaptureHandler, Task, record_env, task_id
+from .runs import TASKS, CaptureHandler, Task, record_env, task_id
 
 log = logging.getLogger("marft_bridge.capture")
 
@@ -406,4 +404,4 @@ def marked(config: Any) -> bool:
     return isinstance(config, dict) and MARK in (config.get("configurable") or {})
 
 
-__all__ = ["CAPTURE_HANDLER", "RUN", "SUPPORTED", "install", "installed", "mark", "marked", "supported", "uninstall"]
+__all__ = ["CAPTURE_HANDLER", "SUPPORTED", "install", "installed", "mark", "marked", "supported", "uninstall"]
