@@ -287,3 +287,24 @@ def test_rollout_sampler_has_the_serving_engines_logprob_semantics(tiny_model_di
     torch.testing.assert_close(torch.tensor(act.output.logprobs), forward(act.observation.prompt_token_ids,
                                                                           act.output.token_ids), atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(torch.tensor(res.logprobs), forward(res.prompt_ids, res.token_ids), atol=1e-4, rtol=1e-4)
+
+
+def test_every_pass_respects_the_token_budget(tiny_model_dir, episodes):
+    from marft_bridge.trainers.marft import MarftTrainer
+
+    tr = MarftTrainer(MarftConfig(ppo_epochs=1, num_minibatches=1, critic_backbone="lora", micro_batch_tokens=100,
+                                  forward_batch_size=1000), tiny_model_dir, agents=["a", "b"])
+    longest = max(len(a.observation.prompt_token_ids) + len(a.output.token_ids) for e in episodes for a in e.actions)
+    assert longest <= 50  # so the budget fits two sequences: micro-batches really are cut by tokens
+    shapes = []
+    hook = tr.policy.backbone.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)),
+                                                        with_kwargs=True)
+    try:
+        tr.train_on(episodes)
+    finally:
+        hook.remove()
+    # proximal + reference + critic, policy gradient, M fold and critic gradient passes: all within budget
+    assert shapes and all(b * t <= 100 for b, t in shapes)
+    assert max(b for b, _ in shapes) >= 2
+    # 24 samples: proximal, reference, critic values, policy and critic gradients (24 each), the fold (12)
+    assert sum(b for b, _ in shapes) == 5 * 24 + 12
