@@ -324,6 +324,7 @@ class MarftTrainer:
         n_m = torch.zeros(K, dtype=torch.float64)  # (K,) ratios folded into M
         seen_m = torch.ones(K, dtype=torch.float64)  # (K,) the clipped M each sample's update used
         seen_clip = torch.zeros(K, dtype=torch.bool)
+        seen_n = torch.zeros(K, dtype=torch.float64)  # (K,) ratios folded into the M each sample's update used
         one_group = c.mode == "single_agent" or c.shared_adapter  # one adapter: one group, M = 1
         groups = ([(None, list(range(K)))] if one_group else
                   [(a, [i for i, s in enumerate(S) if s.agent == a]) for a in self._agent_order(batch, anc)])
@@ -332,7 +333,7 @@ class MarftTrainer:
             m["agent_order"].append(agent or adapter)
             params = self.policy.adapter_params(adapter)
             factor, clipped = clip_factor(log_m, n_m, c.factor_clip)  # (K,), (K,)
-            seen_m[idx], seen_clip[idx] = factor[idx], clipped[idx]
+            seen_m[idx], seen_clip[idx], seen_n[idx] = factor[idx], clipped[idx], n_m[idx]
             factor = factor.float().to(self.device)
 
             # 3a. PPO epochs on this agent's samples: clipped surrogate on M * A (+ KL, - entropy).
@@ -383,7 +384,7 @@ class MarftTrainer:
         # 5. Metrics: means over minibatches; M as each sample's update used it (quantiles, clipfrac).
         for k, v in acc.items():
             m[k] = self._mean_all(v)
-        m.update(factor_stats(seen_m, seen_clip, n_m))
+        m.update(factor_stats(seen_m, seen_clip, seen_n))
         self.last_factor = seen_m.tolist()  # diagnostics: per sample, in batch order
         return m
 

@@ -44,7 +44,3 @@ def load_episodes(store: str | None = None, episodes_file: str | None = None) ->
         out += read_jsonl(episodes_file)[0]
     return out
 
-
-def agents_of(episodes: list[Episode]) -> list[str]:
-    """Agents with at least one llm action, in order of first appearance."""
-    return list(dict.fromkeys(a.agent for ep in episodes for a in ep.actions if a.kind == "llm"))
