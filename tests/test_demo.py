@@ -43,6 +43,11 @@ def test_demo_prints_results_and_writes_the_curve(demo):
     assert set(results["comparisons"]) >= {"MARFT-A - independent PPO"}
     assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((out / "results.json").read_text())["rows"] == json.loads(json.dumps(results["rows"]))
+    # one trainer metrics file per (method, seed) run, one line per update: what `marft ui --runs` plots
+    runs = sorted(p.parent.name for p in (out / "runs").glob("*/metrics.jsonl"))
+    assert runs == sorted(f"{m}-s{seed}" for m in s["methods"] for seed in range(s["seeds"]))
+    lines = (out / "runs" / runs[0] / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == s["iterations"] and "reward_mean" in json.loads(lines[0])
 
 
 def test_episodes_have_the_right_agents_dependencies_and_versions(demo):

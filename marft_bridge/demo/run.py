@@ -198,6 +198,7 @@ def run_demo(out: str | Path = ".marft/demo", quick: bool = False, seeds: int | 
                         a.policy is not None and a.policy.version == live[a.agent]
                         for e in episodes for a in e.actions if a.kind == "llm")
                     metrics = run.trainer.train_on(episodes)
+                    _append_train_metrics(out, method, seed, metrics)
                     run.publish(metrics={"train_reward": metrics.get("reward_mean", 0.0)})
                     curve.append(run.accuracy(heldout, s.concurrency))
                     bar.advance(job)
@@ -248,6 +249,15 @@ def _write_metrics(out: Path, method: str, seed: int, curve: list[float], versio
     with open(out / "curves.jsonl", "a") as f:
         f.write(json.dumps({"method": method, "seed": seed, "heldout_accuracy": curve, "versions": versions,
                             "final_eval": final}) + "\n")
+
+
+def _append_train_metrics(out: Path, method: str, seed: int, metrics: dict) -> None:
+    """One trainer metrics line per update, as ``marft train`` writes them: ``marft ui --runs out/runs``
+    plots each (method, seed) run."""
+    run_dir = out / "runs" / f"{method}-s{seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(metrics, default=str) + "\n")
 
 
 def _pooled(evals: list[dict]) -> tuple[float, float]:
