@@ -57,6 +57,17 @@ def arguments_json(arguments: Any) -> str:
     return json.dumps(arguments if arguments is not None else {}, default=str)
 
 
+def canonical_arguments(arguments: Any) -> str:
+    """Tool-call arguments (a JSON string or an object) as one canonical JSON text, to match a tool
+    execution with the call that asked for it when no call id is given."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return arguments
+    return json.dumps(arguments, sort_keys=True, default=str)
+
+
 def tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
     return {"id": None if call_id is None else str(call_id), "type": "function",
             "function": {"name": str(name or ""), "arguments": arguments_json(arguments)}}

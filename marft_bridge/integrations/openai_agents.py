@@ -38,6 +38,7 @@ import time
 from datetime import datetime
 from typing import Any
 
+from ..messages import canonical_arguments
 from .. import recording
 from ..recording import EpisodeRecorder, guarded
 from . import openai as oa
@@ -53,15 +54,6 @@ def _ts(value: Any) -> datetime | None:
         return datetime.fromisoformat(value) if isinstance(value, str) else None
     except ValueError:
         return None
-
-
-def _canonical(args: Any) -> str:
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return args
-    return json.dumps(args, sort_keys=True, default=str)
 
 
 def _handoff_tool_name(agent: str) -> str:
@@ -95,10 +87,10 @@ class _Run:
 
     def take_call(self, agent: str | None, name: str, args: Any) -> dict | None:
         """The pending tool call of ``agent`` this execution answers (first by name and arguments)."""
-        key = _canonical(args) if args is not None else None
+        key = canonical_arguments(args) if args is not None else None
         with self.lock:
             mine = [c for c in self.pending if agent is None or c["agent"] == agent]
-            for ok in (lambda c: c["name"] == name and (key is None or _canonical(c["args"]) == key),
+            for ok in (lambda c: c["name"] == name and (key is None or canonical_arguments(c["args"]) == key),
                        lambda c: c["name"] == name):
                 hit = next((c for c in mine if ok(c)), None)
                 if hit is not None:

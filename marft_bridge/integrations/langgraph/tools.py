@@ -23,6 +23,7 @@ import time
 from typing import Any
 from uuid import UUID
 
+from ...messages import canonical_arguments
 from ...recording import capture_error
 from ...schema import utcnow
 from . import convert
@@ -53,24 +54,15 @@ def note_calls(run: Any, action_id: str, agent: str, calls: list[dict] | None) -
             if c.get("id"):
                 run.tool_calls[c["id"]] = owner
             # By name and arguments too: LangChain before 1.1 does not pass tool_call_id to on_tool_start.
-            run.tool_calls.setdefault(f"{fn.get('name')}\x00{_canonical(fn.get('arguments'))}", owner)
+            run.tool_calls.setdefault(f"{fn.get('name')}\x00{canonical_arguments(fn.get('arguments'))}", owner)
             run.tool_calls[f"{fn.get('name')}\x00"] = owner  # and by name alone: the latest call of it
-
-
-def _canonical(args: Any) -> str:
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return args
-    return json.dumps(args, sort_keys=True, default=str)
 
 
 def _owner(run: Any, name: str, args: Any, call_id: str | None) -> tuple | None:
     with run.lock:
         if call_id is not None and call_id in run.tool_calls:
             return run.tool_calls[call_id]
-        exact = run.tool_calls.get(f"{name}\x00{_canonical(args)}")
+        exact = run.tool_calls.get(f"{name}\x00{canonical_arguments(args)}")
         if exact is not None:
             return exact
         # By name alone only while that call is unanswered: a later tool.invoke by hand is not it.
