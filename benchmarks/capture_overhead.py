@@ -13,11 +13,19 @@ the SQLite writes; a fifth runs the plain app with a LangChain callback handler 
 the share of the capture's cost that is LangChain's own dispatch to any handler (the public tier
 is such a handler). OpenInference exports to an in-memory span exporter. Targets: our added time at most half of OpenInference's,
 and at most 15% of plain.
+
+"plain" runs with no marft_bridge hook in the process (every instrumented app is uninstrumented for
+its turn); "plain_hooked" is the same app while another app is instrumented: what the precision
+tier's process-wide pass-through hooks cost an app that is not captured. ``--stored N`` fills the
+SQLite store with N episodes first (a store that has been running a while); "marft_random_ids"
+then writes into a second store filled the same way, with random episode ids as before time-ordered
+ids were introduced, to show what the key order costs the writes.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import tempfile
 import time
@@ -83,6 +91,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--invokes", type=int, default=300, help="invokes per variant per round (default 300)")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
+    ap.add_argument("--stored", type=int, default=0,
+                    help="episodes written to the store before timing (default 0); with N > 0 a second store "
+                         "with random ids is timed beside it")
     args = ap.parse_args()
 
     from openinference.instrumentation.langchain import LangChainInstrumentor
@@ -91,13 +102,26 @@ def main() -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     import marft_bridge as mb
+    from marft_bridge import recording
     from marft_bridge.recording import capture_stats
     from marft_bridge.store import TraceStore
 
     tmp = Path(tempfile.mkdtemp(prefix="marft-bench-"))
     store = TraceStore.open(tmp / "traces.db", queue_size=100_000)
+    random_store = TraceStore.open(tmp / "random-ids.db", queue_size=100_000) if args.stored else None
     plain_app, ours_app, oi_app = build_app(), mb.instrument(build_app(), store=store), build_app()
     capture_only_app = mb.instrument(build_app(), store=DiscardStore())
+    random_app = mb.instrument(build_app(), store=random_store) if random_store is not None else None
+    instrumented = [(a, s) for a, s in ((ours_app, store), (capture_only_app, DiscardStore()),
+                                        (random_app, random_store)) if a is not None]
+    ordered_id = recording._fast_id
+
+    def random_id() -> str:  # episode and action ids before they were time-ordered
+        return f"{random.getrandbits(128):032x}"
+
+    if args.stored:
+        fill(ours_app, store, args.stored, ordered_id)
+        fill(random_app, random_store, args.stored, random_id)
     spans = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(spans))
@@ -122,6 +146,22 @@ def main() -> None:
     def timed_ours() -> tuple[float, float]:
         return run(ours_app, after=flush)
 
+    def timed_random_ids() -> tuple[float, float]:
+        recording._fast_id = random_id
+        try:
+            return run(random_app, after=random_store.flush)
+        finally:
+            recording._fast_id = ordered_id
+
+    def timed_plain() -> tuple[float, float]:
+        for app, _ in instrumented:
+            mb.uninstrument(app)
+        try:
+            return run(plain_app)
+        finally:
+            for app, s in instrumented:
+                mb.instrument(app, store=s)
+
     def timed_oi() -> tuple[float, float]:
         oi.instrument(tracer_provider=provider)
         try:
@@ -131,9 +171,20 @@ def main() -> None:
             spans.clear()
 
     noop = {"callbacks": [noop_handler()]}
-    variants = {"plain": lambda: run(plain_app), "marft_bridge": timed_ours,
-                "capture_only": lambda: run(capture_only_app), "lc_noop_handler": lambda: run(plain_app, config=noop),
+
+    def timed_plain_noop() -> tuple[float, float]:
+        for app, _ in instrumented:
+            mb.uninstrument(app)
+        try:
+            return run(plain_app, config=noop)
+        finally:
+            for app, s in instrumented:
+                mb.instrument(app, store=s)
+    variants = {"plain": timed_plain, "plain_hooked": lambda: run(plain_app), "marft_bridge": timed_ours,
+                "capture_only": lambda: run(capture_only_app), "lc_noop_handler": timed_plain_noop,
                 "openinference": timed_oi}
+    if random_app is not None:
+        variants["marft_random_ids"] = timed_random_ids
     for fn in variants.values():  # warm up imports and caches
         fn()
     drains.clear()
@@ -156,7 +207,7 @@ def main() -> None:
         med = {k: statistics.median(v) for k, v in table.items()}
         theirs = med["openinference"] - med["plain"]
         print(f"{label}: added by OpenInference {theirs * 1e3:.3f} ms = {theirs / med['plain']:.1%} of plain")
-        for name in ("marft_bridge", "capture_only"):
+        for name in [n for n in ("marft_bridge", "capture_only", "marft_random_ids", "plain_hooked") if n in med]:
             ours = med[name] - med["plain"]
             print(f"{label}: added by {name:13s} {ours * 1e3:.3f} ms = {ours / med['plain']:.1%} of plain "
                   f"(target <= 15%), {ours / theirs:.2f} of OpenInference's (target <= 0.50)")
@@ -165,6 +216,28 @@ def main() -> None:
     print(f"final flush (within the timed figures): {statistics.median(drains) * 1e3:.3f} ms wall per episode")
     print(f"episodes stored: {store.count()}, capture errors: {capture_stats()['errors']}, dropped: {store.dropped}")
     store.close()
+    if random_store is not None:
+        random_store.close()
+
+
+def fill(app, store, n: int, new_id) -> None:
+    """``n`` stored episodes: copies of one captured episode with fresh ids made by ``new_id``."""
+    import copy
+
+    app.invoke({"question": "fill"})
+    store.flush()
+    template = next(store.episodes(limit=1, newest_first=True)).model_dump()
+    for k in range(n):
+        ep = copy.deepcopy(template)
+        ep["id"] = new_id()
+        for a in ep["actions"]:
+            a["id"] = new_id()
+        for a, b in zip(ep["actions"][1:], ep["actions"]):
+            a["depends_on"] = [b["id"]]
+        store.submit(ep)
+        if k % 5000 == 4999:
+            print(f"filled {k + 1}/{n}", flush=True)
+    store.flush()
 
 
 if __name__ == "__main__":

@@ -77,6 +77,7 @@ import contextvars
 import logging
 import random
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -127,13 +128,26 @@ def capture_error(where: str, exc: BaseException, recorder: EpisodeRecorder | No
         pass
 
 
-@contextmanager
-def guarded(where: str, recorder: EpisodeRecorder | None = None) -> Iterator[None]:
-    """Run capture code; any exception is logged and counted instead of reaching the app."""
-    try:
-        yield
-    except Exception as e:  # noqa: BLE001
-        capture_error(where, e, recorder)
+class guarded:  # noqa: N801 - used like a function: ``with guarded("where"):``
+    """Run capture code; any exception is logged and counted instead of reaching the app.
+
+    A class, not a ``@contextmanager`` generator: it runs several times per captured graph run.
+    """
+
+    __slots__ = ("where", "recorder")
+
+    def __init__(self, where: str, recorder: EpisodeRecorder | None = None):
+        self.where = where
+        self.recorder = recorder
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, typ: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None or not isinstance(exc, Exception):
+            return False  # BaseException (KeyboardInterrupt, SystemExit) still propagates
+        capture_error(self.where, exc, self.recorder)
+        return True
 
 
 def capture_stats() -> dict[str, Any]:
@@ -212,9 +226,12 @@ def _dump(value: Any) -> Any:
 
 
 def _fast_id() -> str:
-    # 128 random bits as 32 hex digits, like uuid4().hex without a system call per id (hot capture
-    # path). ``random`` reseeds itself in forked children, so processes do not repeat ids.
-    return f"{random.getrandbits(128):032x}"
+    # 32 hex digits laid out like a UUIDv7: 48 bits of Unix milliseconds, then 80 random bits.
+    # Time-ordered keys land at the end of the store's b-trees, so a commit writes a few pages
+    # instead of one random page per episode per index (3x less CPU per stored episode at 20k
+    # episodes, benchmarks/capture_overhead.py). ``random`` (no system call per id, hot path)
+    # reseeds itself in forked children, so processes do not repeat ids.
+    return f"{time.time_ns() // 1_000_000:012x}{random.getrandbits(80):020x}"
 
 
 # -- the recorder --------------------------------------------------------------------------------
