@@ -250,11 +250,12 @@ def test_gradient_checkpointing_is_on_in_gradient_passes_only(tiny_model_dir):
     assert inner.config._attn_implementation == "sdpa"
 
 
-def test_fsdp2_is_refused_with_a_clear_message(tiny_model_dir):
+def test_fsdp2_without_a_process_group_is_refused_with_a_clear_message(tiny_model_dir):
+    # fsdp2 shards over the ranks torchrun starts (tests/test_trainer_fsdp.py); alone it cannot run.
     from marft_bridge.errors import MarftError
     from marft_bridge.trainers.marft import MarftTrainer
 
-    with pytest.raises(MarftError, match="parallelism 'fsdp2' is not implemented"):
+    with pytest.raises(MarftError, match="parallelism 'fsdp2' shards the base over a process group and none"):
         MarftTrainer(MarftConfig(parallelism="fsdp2"), tiny_model_dir, agents=["a"])
 
 

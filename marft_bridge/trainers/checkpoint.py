@@ -7,16 +7,63 @@ Layout of a checkpoint directory (the trainer adds ``adapters/``, peft dirs of e
     rng.safetensors          generator states
     state.json               counters, agents, world size, config, optimiser param groups and
                              non-tensor optimiser state
+
+Tensors are always whole: under fsdp2 the trainer gathers its shards before ``write`` (rank 0
+writes) and each rank takes its own shard of what ``read`` returns, so a checkpoint moves freely
+between replicated and fsdp2 runs and world sizes. Adapters (``save_adapters``) likewise: the peft
+layout the registry and ``marft serve`` load, gathered under fsdp2 and written by rank 0.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
 import torch
 
 from ..errors import MarftError
+
+
+def capture(trainer) -> dict:
+    """Host copies of a trainer's trainable state, RNG states and counters (what a checkpoint writes):
+    no second copy of the trainable state on the device. Under fsdp2 the shards are gathered whole,
+    a collective: every rank calls this, in the same order."""
+    from .fsdp import full
+
+    def host(x):
+        return full(x).detach().to("cpu", copy=True) if torch.is_tensor(x) else x
+
+    optim = {}
+    for k, o in trainer._optimizers().items():
+        sd = o.state_dict()
+        optim[k] = {"state": {i: {n: host(v) for n, v in st.items()} for i, st in sd["state"].items()},
+                    "param_groups": copy.deepcopy(sd["param_groups"])}
+    return {"weights": {n: host(p) for n, p in trainer._named_weights().items()}, "optim": optim,
+            "rng": {**{f"gen/{k}": g.get_state() for k, g in trainer.gens.items()},
+                    "order_gen": trainer.order_gen.get_state(),
+                    "torch": torch.get_rng_state(),
+                    **({"cuda": torch.cuda.get_rng_state()} if trainer.device.type == "cuda" else {})},
+            "update_count": trainer.update_count}
+
+
+def restore(trainer, snap: dict) -> None:
+    """Write ``capture``'s state (or a checkpoint's, whole tensors) back into the trainer; under fsdp2
+    each rank keeps its shard."""
+    from .fsdp import copy_full_, load_optimizer
+
+    for n, p in trainer._named_weights().items():
+        copy_full_(p, snap["weights"][n])
+    for k, o in trainer._optimizers().items():
+        load_optimizer(o, copy.deepcopy(snap["optim"][k]))
+    for k, g in trainer.gens.items():
+        if f"gen/{k}" in snap["rng"]:  # absent in checkpoints from before per-group generators
+            g.set_state(snap["rng"][f"gen/{k}"])
+    trainer.order_gen.set_state(snap["rng"]["order_gen"])
+    torch.set_rng_state(snap["rng"]["torch"])
+    if "cuda" in snap["rng"] and trainer.device.type == "cuda":
+        torch.cuda.set_rng_state(snap["rng"]["cuda"])
+    trainer.update_count = snap["update_count"]
 
 
 def write(directory, weights: dict, optimizers: dict, rng: dict, state: dict) -> Path:
@@ -64,3 +111,68 @@ def read(directory, device: torch.device) -> tuple[dict, dict, dict, dict]:
                 st.setdefault(int(pid), {})[k] = t.to(device) if k != "step" else t
         optim[name] = {"state": st, "param_groups": meta["param_groups"]}
     return state, {n: t.to(device) for n, t in weights.items()}, optim, rng
+
+
+def save_adapters(policy, directory, rank: int = 0) -> Path:
+    """Write ``<dir>/<agent>/adapter_model.safetensors + adapter_config.json`` for every agent. Under
+    fsdp2 a collective (every rank gathers the LoRA shards) and only rank 0 writes."""
+    import shutil
+    import tempfile
+
+    from .fsdp import full
+
+    directory = Path(directory)
+    state = None
+    if policy.sharded:  # whole tensors, in the same order on every rank
+        state = {n: full(p).detach().cpu() for n, p in policy.model.named_parameters() if "lora_" in n}
+    if rank == 0 or not policy.sharded:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=directory) as tmp:
+            extra = {"state_dict": state} if state is not None else {}
+            policy.model.save_pretrained(tmp, selected_adapters=policy.adapters, **extra)
+            for agent, adapter in policy.adapter_of.items():
+                src = Path(tmp) / adapter if adapter != "default" else Path(tmp)
+                dst = directory / agent
+                if dst.exists():
+                    shutil.rmtree(dst)
+                shutil.copytree(src, dst)
+    if policy.sharded:
+        import torch.distributed as dist
+
+        dist.barrier()  # every rank returns once the files exist
+    return directory
+
+
+def load_adapters(policy, directory, agents: list[str]) -> None:
+    """Load ``<dir>/<agent>/`` peft dirs as ``save_adapters`` writes them (safetensors only; shapes
+    must match this LoRA config). Under fsdp2 every rank reads the files and keeps its shard."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from .fsdp import copy_full_
+
+    for agent in agents:
+        path = Path(directory) / agent / "adapter_model.safetensors"
+        if agent not in policy.adapter_of:
+            raise MarftError(f"unknown agent {agent!r}; this trainer has {policy.agents}")
+        try:
+            state = load_file(str(path))
+        except (OSError, ValueError) as e:
+            raise MarftError(f"cannot load adapter for {agent!r} from {path}: {e}") from None
+        adapter = policy.adapter_of[agent]
+        if policy.sharded:  # peft's own loader cannot copy into DTensors: map the keys, copy shards
+            mine = get_peft_model_state_dict(policy.model, state_dict=dict(policy.model.named_parameters()),
+                                             adapter_name=adapter)
+            unexpected = sorted(set(state) - set(mine))
+            bad = [k for k in state if k in mine and state[k].shape != mine[k].shape]
+            if unexpected or bad:
+                raise MarftError(f"adapter {path} does not fit this LoRA config: {(unexpected or bad)[:3]}")
+            for k, t in state.items():
+                copy_full_(mine[k], t)
+            continue
+        try:
+            res = set_peft_model_state_dict(policy.model, state, adapter_name=adapter)
+        except RuntimeError as e:  # shape mismatch: another rank / target modules
+            raise MarftError(f"adapter {path} does not fit this LoRA config: {str(e).splitlines()[0]}") from None
+        if res.unexpected_keys:
+            raise MarftError(f"adapter {path} has weights this model lacks: {res.unexpected_keys[:3]}")

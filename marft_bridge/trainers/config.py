@@ -77,7 +77,8 @@ class MarftConfig(BaseModel):
     logits_chunk_tokens: int = Field(512, ge=1)
     gradient_checkpointing: bool | None = None  # decoder layers recomputed in backward; None: on for CUDA
     # replicated: every rank holds the base, gradients all-reduced (DDP-style; bases up to ~30B on 80 GB).
-    # fsdp2 (sharded base) is refused: not implemented yet (distributed.check_strategy says what is missing).
+    # fsdp2: base and adapters sharded over the torchrun ranks (fully_shard per decoder layer + root,
+    # fsdp.py), for bases that do not fit one GPU; refused without a process group.
     parallelism: Literal["replicated", "fsdp2"] = "replicated"
 
     # Guards.

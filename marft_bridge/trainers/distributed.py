@@ -15,8 +15,9 @@ all-reduce (about 400 tensors at all-linear targets would otherwise be 400 colle
 
 Strategy (``README``): replicated (every rank holds the whole bf16 base, DDP-style averaging here)
 fits a base up to about 30B parameters on an 80 GB GPU (60 GB of weights + activations under
-checkpointing and micro-batching); beyond that the base must be sharded (FSDP2), which this
-trainer does not implement yet: ``check_strategy`` refuses it with a clear error.
+checkpointing and micro-batching); beyond that the base must be sharded: ``fsdp2`` (fsdp.py), where
+FSDP reduce-scatters the sharded LoRA gradients (as a sum, the same token weighting) and the flat
+all-reduce here only handles what is not sharded (the value head).
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ def all_reduce_gradients(params: list[torch.nn.Parameter], device: torch.device,
     """
     import torch.distributed as dist
 
+    from .fsdp import is_sharded
+
+    params = [p for p in params if not is_sharded(p)]  # fsdp2 reduce-scattered those in backward
     for bucket in _buckets(params, bucket_bytes):
         flat = torch.cat([p.grad.detach().float().reshape(-1).to(device) if p.grad is not None else
                           torch.zeros(p.numel(), dtype=torch.float32, device=device) for p in bucket])
@@ -96,20 +100,51 @@ def all_reduce_gradients(params: list[torch.nn.Parameter], device: torch.device,
             offset += p.numel()
 
 
-def check_strategy(strategy: str, device: torch.device) -> None:
-    """Refuse what this trainer cannot run: FSDP2 sharding is not implemented (replicated only).
+def clip_grad_norm_(params: list[torch.nn.Parameter], max_norm: float, device: torch.device) -> None:
+    """``torch.nn.utils.clip_grad_norm_`` over replicated and sharded (fsdp2 DTensor) gradients alike:
+    the global norm is sqrt(sum over ranks of the shards' squares + the replicated squares)."""
+    from .fsdp import is_sharded
 
-    torch 2.13 itself runs ``fully_shard`` on gloo/CPU with frozen and trainable parameters in one
-    group; what the trainer lacks is the rest: the chunked LM head and the KV-cached sampler call
-    modules outside their FSDP forward, peft's per-adapter ``requires_grad`` toggling, gathered
-    adapter saves and sharded rollback snapshots.
-    """
+    if not any(is_sharded(p) for p in params):
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    shard_sq = torch.zeros((), dtype=torch.float64, device=device)  # this rank's shards
+    repl_sq = torch.zeros((), dtype=torch.float64, device=device)  # replicated: the same on every rank
+    for g in grads:
+        if is_sharded(g):
+            shard_sq += g.to_local().double().pow(2).sum().to(device)
+        else:
+            repl_sq += g.double().pow(2).sum().to(device)
+    total = (all_reduce_sum(shard_sq, device) + repl_sq).sqrt()
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    with torch.no_grad():
+        for g in grads:
+            (g.to_local() if is_sharded(g) else g).mul_(coef.to(g.dtype))
+
+
+def all_finite(params: list[torch.Tensor], device: torch.device) -> bool:
+    """Every weight finite, on every rank's shard (the ranks must agree whether to roll back)."""
+    from .fsdp import is_sharded, local
+
+    ok = all(bool(torch.isfinite(local(p)).all()) for p in params)
+    if any(is_sharded(p) for p in params):
+        ok = sum_floats([0.0 if ok else 1.0], device)[0] == 0
+    return ok
+
+
+def check_strategy(strategy: str, device: torch.device) -> None:
+    """Refuse what this trainer cannot run: ``fsdp2`` needs a process group (``torchrun``)."""
+    import torch.distributed as dist
+
     from ..errors import MarftError
 
     if strategy == "replicated":
         return
     if strategy == "fsdp2":
-        raise MarftError(f"parallelism 'fsdp2' is not implemented (device {device.type}): this trainer replicates "
-                         "the base on every rank (DDP-style, bases up to ~30B on 80 GB GPUs); use parallelism "
-                         "'replicated'")
+        if not (dist.is_available() and dist.is_initialized()):
+            raise MarftError(f"parallelism 'fsdp2' shards the base over a process group and none is running "
+                             f"(device {device.type}): launch with torchrun --nproc_per_node N (or accelerate "
+                             "launch), or use parallelism 'replicated' in a single process")
+        return
     raise MarftError(f"unknown parallelism {strategy!r}; expected 'replicated' or 'fsdp2'")

@@ -19,6 +19,10 @@ in place in two (n, V) fp32 buffers. Peak memory is two to three (chunk_tokens x
 whatever the batch: at a 151,936-token vocabulary and 512-row chunks, under 1 GB; a 32k-token minibatch
 unchunked would be 20 GB per copy. A trainable or wrapped LM head (LoRA on ``lm_head``) takes the
 generic path: the same formulas through autograd under ``torch.utils.checkpoint`` per chunk.
+
+Under FSDP2 ``lm_head.weight`` is read here outside the HF forward: the caller runs this inside the
+root unit's forward (policy ``_call``), so the weight is the all-gathered one; the copy ``_FrozenHead``
+saves for backward is re-gathered by FSDP's pre-backward hook, as for any layer's weight.
 """
 
 from __future__ import annotations

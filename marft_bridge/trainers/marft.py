@@ -35,12 +35,13 @@ so the step is that of the whole minibatch. Under ``torchrun`` / ``accelerate la
 trains on its share of the episodes (by episode, so all actions of one step stay together); the
 shares are of the minibatch summed over all ranks and each adapter's gradients are summed in one
 flat all-reduce on the trainer's device (distributed.py): token-weighted averaging, and every rank
-ends each step with identical adapters.
+ends each step with identical adapters. ``parallelism: fsdp2`` shards the base and the adapters
+instead (fsdp.py): the same losses and steps, FSDP reduce-scatters the gradients, and every pass runs
+as many micro-batches on every rank (a rank out of samples runs empty ones, ``_idle``).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
@@ -53,6 +54,7 @@ import torch
 from ..errors import MarftError
 from . import checkpoint
 from . import distributed as D
+from . import fsdp
 from . import losses as L
 from . import microbatch
 from .advantages import gae_along_d, successors
@@ -120,8 +122,9 @@ class MarftTrainer:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             with open(self.out_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(metrics) + "\n")
-            if self.update_count % self.config.checkpoint_every == 0:
-                self.save_checkpoint(self.out_dir / "checkpoint")
+        if self.out_dir and self.update_count % self.config.checkpoint_every == 0 and (
+                self.rank == 0 or self.policy.sharded):  # fsdp2: every rank gathers, rank 0 writes
+            self.save_checkpoint(self.out_dir / "checkpoint")
         return metrics
 
     @torch.no_grad()
@@ -133,7 +136,7 @@ class MarftTrainer:
         batch = build_batch(list(episodes), p.tokenizer, set(p.agents), p.vocab_size, p.max_context,
                             self.config.default_temperature)
         out: dict[str, float] = {}
-        for agent in {s.agent for s in batch.samples}:
+        for agent in self.agents:  # the same order on every rank (fsdp2 passes are collectives)
             ss = [s for s in batch.samples if s.agent == agent]
             for s, lp in zip(ss, self._token_logprobs(p.adapter_of[agent], ss)):
                 w = 0.0 if s.beh_logp is None else lp.sum().item() - sum(s.beh_logp)
@@ -171,50 +174,23 @@ class MarftTrainer:
         return evaluate(self, env_fn, n, seed, untrained=untrained)
 
     def save_adapters(self, directory) -> Path:
-        """Write ``<dir>/<agent>/adapter_model.safetensors + adapter_config.json`` for every agent."""
-        import shutil
-        import tempfile
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=directory) as tmp:
-            self.policy.model.save_pretrained(tmp, selected_adapters=self.policy.adapters)
-            for agent, adapter in self.policy.adapter_of.items():
-                src = Path(tmp) / adapter if adapter != "default" else Path(tmp)
-                dst = directory / agent
-                if dst.exists():
-                    shutil.rmtree(dst)
-                shutil.copytree(src, dst)
-        return directory
+        """``<dir>/<agent>/adapter_model.safetensors + adapter_config.json`` for every agent (checkpoint.py;
+        under fsdp2 every rank calls it, rank 0 writes)."""
+        return checkpoint.save_adapters(self.policy, directory, self.rank)
 
     def load_adapters(self, directory, agents: list[str] | None = None) -> None:
         """Start from published adapters (warm start, continuous training): ``<dir>/<agent>/`` peft dirs
         as ``save_adapters`` writes them. Safetensors only; shapes must match this trainer's LoRA config."""
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        for agent in agents or self.agents:
-            path = Path(directory) / agent / "adapter_model.safetensors"
-            if agent not in self.policy.adapter_of:
-                raise MarftError(f"unknown agent {agent!r}; this trainer has {self.agents}")
-            try:
-                state = load_file(str(path))
-            except (OSError, ValueError) as e:
-                raise MarftError(f"cannot load adapter for {agent!r} from {path}: {e}") from None
-            try:
-                res = set_peft_model_state_dict(self.policy.model, state, adapter_name=self.policy.adapter_of[agent])
-            except RuntimeError as e:  # shape mismatch: another rank / target modules
-                raise MarftError(f"adapter {path} does not fit this LoRA config: {str(e).splitlines()[0]}") from None
-            if res.unexpected_keys:
-                raise MarftError(f"adapter {path} has weights this model lacks: {res.unexpected_keys[:3]}")
+        checkpoint.load_adapters(self.policy, directory, agents or self.agents)
         self._stable.take(self._groups())
 
     # -- one update ----------------------------------------------------------------------------------
 
     def _plan(self, samples: list[Sample]) -> list[list[int]]:
         """Micro-batches of ``samples`` (indices): padded tokens <= micro_batch_tokens, sorted by length."""
-        return microbatch.plan([len(s.obs_ids) + len(s.act_ids) for s in samples], self.config.micro_batch_tokens,
+        plan = microbatch.plan([len(s.obs_ids) + len(s.act_ids) for s in samples], self.config.micro_batch_tokens,
                                self.config.forward_batch_size)
+        return fsdp.pad_plan(plan, self.device) if self.policy.sharded else plan  # fsdp2: as many on every rank
 
     @torch.no_grad()
     def _token_logprobs(self, adapter, samples: list[Sample]) -> list[torch.Tensor]:
@@ -228,7 +204,9 @@ class MarftTrainer:
         return out
 
     def _forward(self, adapter, samples: list[Sample], grad: bool, entropy: bool = False):
-        packed = pack([s.obs_ids for s in samples], [s.act_ids for s in samples], self.policy.pad_id, self.device)
+        # No samples (an fsdp2 rank's padding micro-batch): one pad token, no action token.
+        obs, acts = ([s.obs_ids for s in samples], [s.act_ids for s in samples]) if samples else ([[0]], [[]])
+        packed = pack(obs, acts, self.policy.pad_id, self.device)
         temp = torch.tensor([s.temperature for s in samples for _ in s.act_ids], device=self.device)
         with torch.set_grad_enabled(grad):
             logp, ent, h = self.policy.token_logprobs(adapter, packed, temp, with_entropy=entropy)
@@ -242,7 +220,7 @@ class MarftTrainer:
         frozen = c.critic_backbone == "frozen"
         n = len(samples)
         prox, ref, vals, feats = [None] * n, [None] * n, [None] * n, [None] * n
-        by_adapter: dict[str, list[int]] = {}
+        by_adapter: dict[str, list[int]] = {a: [] for a in self.policy.adapters} if self.policy.sharded else {}
         for i, s in enumerate(samples):
             by_adapter.setdefault(self.policy.adapter_of[s.agent], []).append(i)
         for adapter, idx in by_adapter.items():
@@ -349,6 +327,8 @@ class MarftTrainer:
                         for k, v in stats.items():
                             acc[k].append(v)
                         kls.append(stats["approx_kl"])
+                    elif self.policy.sharded:
+                        self._idle(adapter)
                     self._step(params, self.optims[adapter], loss, m, f"policy {agent or adapter}",
                                f"policy.{adapter}")
                 if c.target_kl is not None and (kl := self._mean_all(kls)) > c.target_kl:
@@ -358,14 +338,14 @@ class MarftTrainer:
                     break
 
             # 3b. Fold its whole-action ratios into the M of the samples they are sources of (no gradient).
-            if agent is not None and idx and g_i + 1 < len(groups) and c.factor_scope != "none":
+            # (fsdp2: a rank without this agent's samples still joins the pass.)
+            fold = agent is not None and g_i + 1 < len(groups) and c.factor_scope != "none"
+            if fold and (idx or self.policy.sharded):
                 with torch.no_grad():
-                    ss = [S[i] for i in idx]
-                    ln = [len(s.act_ids) for s in ss]
-                    new_tok = torch.cat(self._token_logprobs(adapter, ss))  # (sum L,)
-                    prox_tok = torch.cat([prox[i] for i in idx])
+                    new_tok = self._token_logprobs(adapter, [S[i] for i in idx])  # (L_k,) per sample
                     log_ratio = torch.zeros(K, dtype=torch.float64)  # (K,) sum new - sum prox, this agent's
-                    log_ratio[idx] = torch.stack([t.sum() for t in (new_tok - prox_tok).split(ln)]).double().cpu()
+                    if idx:
+                        log_ratio[idx] = torch.stack([(t - prox[i]).sum() for i, t in zip(idx, new_tok)]).double().cpu()
                     updated = torch.zeros(K, dtype=torch.bool)
                     updated[idx] = True
                     log_m, n_m = fold_factor(log_m, n_m, sources, log_ratio, updated)
@@ -379,6 +359,8 @@ class MarftTrainer:
                 if mb:
                     loss = self._critic_backward(S, mb, feats, old_v, ret_s, token_level, units)
                     acc["value_loss"].append(loss * units / self._units(S, mb, token_level))  # local mean
+                elif self.policy.sharded and c.critic_backbone == "lora":
+                    self._idle(None, critic=True)
                 self._step(critic, self.critic_optim, loss, m, "critic", "critic")
 
         # 5. Metrics: means over minibatches; M as each sample's update used it (quantiles, clipfrac).
@@ -416,6 +398,9 @@ class MarftTrainer:
         with self.policy.grad_mode():
             for plan in self._plan([S[i] for i in mb]):
                 sub = [mb[j] for j in plan]
+                if not sub:  # fsdp2: other ranks still have micro-batches
+                    self._idle(adapter, n=1)
+                    continue
                 ss = [S[i] for i in sub]
                 lm = [len(s.act_ids) for s in ss]
                 new_tok, ent, _, _ = self._forward(adapter, ss, grad=True, entropy=True)  # (N,), (N,): N = sum L_b
@@ -460,6 +445,9 @@ class MarftTrainer:
         total = 0.0
         for plan in plans:
             sub = [mb[j] for j in plan]
+            if not sub:  # fsdp2: other ranks still have micro-batches
+                self._idle(None, n=1, critic=True)
+                continue
             if feats[sub[0]] is not None:  # frozen backbone: the reference pass's features, head only
                 v = self.head(cat([feats[i] for i in sub]))
             else:
@@ -473,6 +461,18 @@ class MarftTrainer:
             loss.backward()
             total += float(loss.detach())
         return total
+
+    def _idle(self, adapter, n: int | None = None, critic: bool = False) -> None:
+        """fsdp2: every forward and backward is a collective, so a rank out of samples runs ``n`` (None:
+        as many as the busiest rank) one-token gradient passes with a zero loss: FSDP's all-gathers and
+        the reduce-scatter of the adapter's (zero) gradients run as on the other ranks."""
+        for _ in range(len(self._plan([])) if n is None else n):
+            if critic:
+                out = values(self.policy, self.head, pack([[0]], [[]], self.policy.pad_id, self.device), False)
+            else:
+                with self.policy.grad_mode():
+                    out = self._forward(adapter, [], grad=True)[3]
+            (out.sum() * 0).backward()
 
     def _minibatches(self, idx: list[int], gen: torch.Generator) -> list[list[int]]:
         # Exactly num_minibatches chunks (some may be empty) so every DDP rank takes the same steps.
@@ -498,7 +498,7 @@ class MarftTrainer:
             D.all_reduce_gradients(params, self.device)  # one flat all-reduce per adapter
         elif loss is None:
             return
-        torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        D.clip_grad_norm_(params, self.config.max_grad_norm, self.device)  # sharded (fsdp2) or not
         optim.step()
         optim.zero_grad(set_to_none=True)
         self._changed.add(group)
@@ -518,7 +518,7 @@ class MarftTrainer:
             reasons.append(f"entropy {m['entropy']:.4g} < {c.collapse_entropy_min}")
         if c.collapse_ref_kl_max is not None and not m["kl_ref"] <= c.collapse_ref_kl_max:
             reasons.append(f"KL to reference {m['kl_ref']:.4g} > {c.collapse_ref_kl_max}")
-        if not all(torch.isfinite(p).all() for p in self._trainable()):
+        if not D.all_finite(self._trainable(), self.device):
             reasons.append("non-finite weights")
         m["rolled_back"] = bool(reasons)
         if reasons:
@@ -551,40 +551,12 @@ class MarftTrainer:
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {**{f"policy.{a}": o for a, o in self.optims.items()}, "critic": self.critic_optim}
 
-    def _snapshot(self) -> dict:
-        """Host copies of the trainable state, RNG states and counters (what a checkpoint writes):
-        no second copy of the trainable state on the device."""
-        optim = {}
-        for k, o in self._optimizers().items():
-            sd = o.state_dict()
-            optim[k] = {"state": {i: {n: _host(v) for n, v in st.items()} for i, st in sd["state"].items()},
-                        "param_groups": copy.deepcopy(sd["param_groups"])}
-        return {"weights": {n: _host(p) for n, p in self._named_weights().items()}, "optim": optim,
-                "rng": {**{f"gen/{k}": g.get_state() for k, g in self.gens.items()},
-                        "order_gen": self.order_gen.get_state(),
-                        "torch": torch.get_rng_state(),
-                        **({"cuda": torch.cuda.get_rng_state()} if self.device.type == "cuda" else {})},
-                "update_count": self.update_count}
-
-    def _restore(self, snap: dict) -> None:
-        with torch.no_grad():
-            for n, p in self._named_weights().items():
-                p.copy_(snap["weights"][n])
-        for k, o in self._optimizers().items():
-            o.load_state_dict(copy.deepcopy(snap["optim"][k]))
-        for k, g in self.gens.items():
-            if f"gen/{k}" in snap["rng"]:  # absent in checkpoints from before per-group generators
-                g.set_state(snap["rng"][f"gen/{k}"])
-        self.order_gen.set_state(snap["rng"]["order_gen"])
-        torch.set_rng_state(snap["rng"]["torch"])
-        if "cuda" in snap["rng"] and self.device.type == "cuda":
-            torch.cuda.set_rng_state(snap["rng"]["cuda"])
-        self.update_count = snap["update_count"]
-
     def save_checkpoint(self, directory) -> Path:
         """Adapters (peft dirs), all trainable weights, optimiser states, RNG states and counters."""
-        snap = self._snapshot()
-        d = checkpoint.write(directory, snap["weights"], snap["optim"], snap["rng"],
+        snap = checkpoint.capture(self)  # fsdp2: a collective (every rank gathers), rank 0 writes
+        d = Path(directory)
+        if self.rank == 0 or not self.policy.sharded:
+            checkpoint.write(d, snap["weights"], snap["optim"], snap["rng"],
                              {"update_count": self.update_count, "agents": self.agents, "world": self.world,
                               "config": self.config.model_dump(mode="json")})
         self.save_adapters(d / "adapters")
@@ -598,12 +570,9 @@ class MarftTrainer:
         mine = self._named_weights()
         if set(weights) != set(mine) or any(weights[n].shape != mine[n].shape for n in mine):
             raise MarftError(f"checkpoint {directory} does not match this model/config (adapter weights differ)")
-        self._restore({"weights": weights, "optim": optim, "rng": rng, "update_count": state["update_count"]})
+        checkpoint.restore(self, {"weights": weights, "optim": optim, "rng": rng,
+                                  "update_count": state["update_count"]})
         self._stable.take(self._groups())
-
-
-def _host(x):
-    return x.detach().to("cpu", copy=True) if torch.is_tensor(x) else x
 
 
 class _progress:

@@ -21,6 +21,8 @@
 * The reference policy for the KL term is the base model itself: ``disable_adapter()``.
 * On-policy sampling (``sample``) is KV-cached: one prefill of the left-padded prompts, then one
   token per step, O(L) per sequence rather than re-running the whole sequence for every token.
+* ``parallelism: fsdp2``: the base is built on the meta device and sharded (fsdp.py); every model
+  call (hidden states, the chunked head, a decoding step) runs inside the root unit's forward.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import MarftError
+from . import fsdp
 from .config import MarftConfig
 from .logprobs import chunked_logprobs
 
@@ -107,27 +110,53 @@ def _load_base(path, dtype):
 
 
 class MultiAgentPolicy:
-    """Base model + per-agent LoRA adapters (+ critic adapter) via peft, on one device."""
+    """Base model + per-agent LoRA adapters (+ critic adapter) via peft, on one device (or sharded)."""
 
     def __init__(self, base_model_path, agents: list[str], config: MarftConfig, device: torch.device):
-        from peft import LoraConfig, get_peft_model
         from transformers import AutoTokenizer
 
         self.config = config
         self.device = device
+        # fsdp2: the base on the meta device, sharded in place, filled from rank 0 (fsdp.py).
+        self.sharded = config.parallelism == "fsdp2"
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        source = None
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(base_model_path))
-            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-            base = _load_base(base_model_path, dtype)
+            if self.sharded:
+                import torch.distributed as dist
+
+                # Rank 0's full copy on the CPU first: it draws the LoRA init as a single process would.
+                if dist.get_rank() == 0:
+                    source = self._peft(_load_base(base_model_path, dtype), agents)
+                rng = torch.get_rng_state()  # rank 0's after the LoRA init (meta-device init may draw)
+                base = fsdp.build_meta(base_model_path, dtype)
+            else:
+                base = _load_base(base_model_path, dtype).to(device)
         except (OSError, ValueError) as e:
             raise MarftError(f"cannot load base model {base_model_path}: {e}") from None
-        base.to(device)
-        base.requires_grad_(False)
         self.vocab_size = base.config.vocab_size
         self.max_context = config.max_context or getattr(base.config, "max_position_embeddings", None) or 2048
         self.chunk_tokens = config.logits_chunk_tokens
+        self.model = self._peft(base, agents)
+        self.root = fsdp.shard(self.model, source, device, rng) if self.sharded else None
+        del source  # rank 0's host copy: every tensor has been sent out
+        self.model.eval()
+        inner = self.model.get_base_model()
+        self.backbone = inner.model  # decoder stack: LoRA layers live inside it
+        self.lm_head = inner.lm_head
+        self.hidden_size = inner.config.hidden_size
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def _peft(self, base, agents: list[str]):
+        """The peft model over the frozen ``base``: gradient checkpointing, one LoRA adapter per agent
+        (and the critic's), fp32 adapter weights; sets the agent -> adapter maps."""
+        from peft import LoraConfig, get_peft_model
+
+        config = self.config
+        base.requires_grad_(False)
         ckpt = config.gradient_checkpointing
-        self.gradient_checkpointing = device.type == "cuda" if ckpt is None else ckpt
+        self.gradient_checkpointing = self.device.type == "cuda" if ckpt is None else ckpt
         if self.gradient_checkpointing:
             if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.23's name
                 base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -152,20 +181,15 @@ class MultiAgentPolicy:
                           target_modules=list(config.target_modules), task_type="CAUSAL_LM")
         with warnings.catch_warnings():  # peft 0.21 calls an API transformers 5 deprecated; not ours to act on
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            self.model = get_peft_model(base, lora, adapter_name=self.adapters[0])
+            model = get_peft_model(base, lora, adapter_name=self.adapters[0])
         for name in self.adapters[1:]:
-            self.model.add_adapter(name, lora)
+            model.add_adapter(name, lora)
         if config.critic_backbone == "lora":
-            self.model.add_adapter(CRITIC_ADAPTER, lora)
-        for n, p in self.model.named_parameters():
+            model.add_adapter(CRITIC_ADAPTER, lora)
+        for n, p in model.named_parameters():
             if "lora_" in n:
                 p.data = p.data.float()  # fp32 adapters even over a bf16 base
-        self.model.eval()
-        inner = self.model.get_base_model()
-        self.backbone = inner.model  # decoder stack: LoRA layers live inside it
-        self.lm_head = inner.lm_head
-        self.hidden_size = inner.config.hidden_size
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        return model
 
     # -- adapters ------------------------------------------------------------------------------------
 
@@ -200,7 +224,15 @@ class MultiAgentPolicy:
 
     # -- forward passes ------------------------------------------------------------------------------
 
+    def _call(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)``; under fsdp2 inside the root unit's forward (fsdp.Root), so the
+        embeddings and LM head are all-gathered around it and re-gathered for its backward."""
+        return self.root(fn, *args, **kwargs) if self.sharded else fn(*args, **kwargs)
+
     def hidden(self, packed: Packed) -> torch.Tensor:
+        return self._call(self._hidden, packed)
+
+    def _hidden(self, packed: Packed) -> torch.Tensor:
         with self.autocast():
             out = self.backbone(input_ids=packed.input_ids, attention_mask=packed.attention_mask, use_cache=False)
         return out.last_hidden_state
@@ -210,7 +242,10 @@ class MultiAgentPolicy:
         """Per action token: log pi(y_t | o, y_<t) under logits / T, the entropy of that distribution
         (or None) and the hidden states (B, T, H). The LM head runs chunked (logprobs.py)."""
         with self.activate(adapter):
-            h = self.hidden(packed)
+            return self._call(self._token_logprobs, packed, temperature, with_entropy)
+
+    def _token_logprobs(self, packed: Packed, temperature: torch.Tensor, with_entropy: bool):
+        h = self._hidden(packed)
         logp, ent = chunked_logprobs(h[packed.rows, packed.cols], self.lm_head, packed.targets, temperature,
                                      self.chunk_tokens, with_entropy)
         return logp, ent, h
@@ -222,7 +257,9 @@ class MultiAgentPolicy:
 
         Returns ``[(token_ids, logprobs)]`` per prompt; log-probs are log-softmax(logits / T), exactly
         what the trainer recomputes and what ``marft serve`` reports with top-k/top-p off. All prompts
-        run as one left-padded batch with a KV cache: a prefill, then one token per step.
+        run as one left-padded batch with a KV cache: a prefill, then one token per step. Under fsdp2
+        each step is a collective: every rank must call this as often (``train`` does: every rank rolls
+        out the same episodes from the same seed); steps go on while any rank has a row unfinished.
         """
         adapter = self.adapter_of[agent] if use_adapter else None
         eos = self.tokenizer.eos_token_id
@@ -241,21 +278,22 @@ class MultiAgentPolicy:
         lps: list[list[float]] = [[] for _ in range(n)]
         alive = [True] * n
         with self.activate(adapter), self.autocast():
-            out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
+            out = self._call(self.model, input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
                              logits_to_keep=1)
             for _ in range(max_new_tokens):
-                logp = torch.log_softmax(out.logits[:, -1].float() / temperature, dim=-1)  # (B, V)
-                nxt = torch.multinomial(logp.exp().cpu(), 1, generator=generator).squeeze(-1)  # (B,)
-                chosen = logp.gather(-1, nxt.to(self.device)[:, None]).squeeze(-1).tolist()
-                for j, tok in enumerate(nxt.tolist()):
-                    if alive[j]:
-                        toks[j].append(tok)
-                        lps[j].append(float(chosen[j]))
-                        alive[j] = tok != eos
-                if not any(alive):
+                if any(alive):  # fsdp2: a rank whose rows have all ended keeps stepping (below), unsampled
+                    logp = torch.log_softmax(out.logits[:, -1].float() / temperature, dim=-1)  # (B, V)
+                    nxt = torch.multinomial(logp.exp().cpu(), 1, generator=generator).squeeze(-1)  # (B,)
+                    chosen = logp.gather(-1, nxt.to(self.device)[:, None]).squeeze(-1).tolist()
+                    for j, tok in enumerate(nxt.tolist()):
+                        if alive[j]:
+                            toks[j].append(tok)
+                            lps[j].append(float(chosen[j]))
+                            alive[j] = tok != eos
+                if not (fsdp.any_rank(any(alive), self.device) if self.sharded else any(alive)):
                     break
                 attn = torch.cat([attn, attn.new_ones((n, 1))], dim=1)
                 pos = pos[:, -1:] + 1
-                out = self.model(input_ids=nxt[:, None].to(self.device), attention_mask=attn, position_ids=pos,
-                                 past_key_values=out.past_key_values, use_cache=True)
+                out = self._call(self.model, input_ids=nxt[:, None].to(self.device), attention_mask=attn,
+                                 position_ids=pos, past_key_values=out.past_key_values, use_cache=True)
         return list(zip(toks, lps))

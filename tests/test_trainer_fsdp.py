@@ -1,0 +1,145 @@
+"""parallelism: fsdp2 under torchrun: two CPU gloo processes shard the base and the adapters
+(fully_shard per decoder layer + root) and end an update with the adapters of one process."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+from pathlib import Path
+
+import torch
+
+from test_trainer_ddp import run_torchrun
+
+# As the DDP test: one minibatch, no advantage normalisation, so the split over ranks is the only
+# difference from one process. Small micro-batches: the ranks run different numbers of them.
+CONFIG = dict(ppo_epochs=2, num_minibatches=1, normalize_advantages=False, lr=1e-2, critic_backbone="lora",
+              target_modules=["q_proj", "v_proj", "o_proj"], micro_batch_tokens=64)
+
+WORKER = textwrap.dedent("""
+    import json, os, sys, torch
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from marft_bridge.trainers.config import MarftConfig
+    from marft_bridge.trainers.fsdp import is_sharded
+    from marft_bridge.trainers.marft import MarftTrainer
+    from marft_bridge.trainers.sources import read_jsonl
+
+    model, episodes, out, cfg, tests = sys.argv[1:6]
+    sys.path.insert(0, tests)
+    from marft_bridge.trainers.rollout import RolloutPolicy
+    from test_trainer import make_env
+
+    eps = read_jsonl(episodes)[0]
+    tr = MarftTrainer(MarftConfig(**json.loads(cfg), parallelism="fsdp2", gradient_checkpointing=True), model,
+                      agents=["a", "b"])
+    assert (tr.rank, tr.world) == (dist.get_rank(), 2)
+    base = [p for n, p in tr.policy.model.named_parameters() if "lora_" not in n]
+    lora = [p for n, p in tr.policy.model.named_parameters() if "lora_" in n]
+    summary = {"sharded": all(is_sharded(p) for p in base + lora),
+               "base_local": sum(p.to_local().numel() for p in base), "base_full": sum(p.numel() for p in base),
+               "lora_local": sum(p.to_local().numel() for p in lora), "lora_full": sum(p.numel() for p in lora)}
+    tr.save_adapters(f"{out}/init")
+    # On-policy rollouts through the root unit's KV-cached sampler (every rank samples the same).
+    sampled = make_env(3)(RolloutPolicy(tr), 4, 5)
+    summary["sampled"] = [[a.output.token_ids, a.output.logprobs] for e in sampled for a in e.actions]
+    summary["samples"] = tr.train_on(eps)["samples"]
+    tr.save_adapters(f"{out}/step1")  # rank 0 writes; every rank returns once the files exist
+    summary["files"] = sorted(os.listdir(f"{out}/step1/a"))
+    tr.save_checkpoint(f"{out}/ckpt")
+    tr.train_on(eps)
+    tr.save_adapters(f"{out}/step2")
+    summary["log_weights"] = tr.log_importance_weights(eps)
+    tr.load_checkpoint(f"{out}/ckpt")  # exact resume: the second update again
+    tr.train_on(eps)
+    tr.save_adapters(f"{out}/step2_resumed")
+    tr.config.collapse_entropy_min = 1e9  # every update now "collapses": rolled back from the host shards
+    summary["rolled_back"] = tr.train_on(eps)["rolled_back"]
+    tr.save_adapters(f"{out}/rolled_back")
+    # Three episodes in four minibatches: some ranks' minibatches are empty, they run idle passes.
+    tr.config.collapse_entropy_min, tr.config.num_minibatches = None, 4
+    summary["small"] = tr.train_on(eps[:3])["samples"]
+    with open(f"{out}/summary{tr.rank}.json", "w") as fh:
+        json.dump(summary, fh)
+    dist.destroy_process_group()
+""")
+
+
+def _adapter(directory, agent) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(directory / agent / "adapter_model.safetensors"))
+
+
+def _assert_close(got: dict, want: dict, tol: float = 5e-5) -> None:
+    assert set(got) == set(want)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], atol=tol, rtol=2 * tol, msg=k)
+
+
+def test_fsdp2_two_gloo_processes_train_the_adapters_of_one_process(tiny_model_dir, tmp_path):
+    from marft_bridge.trainers.config import MarftConfig
+    from marft_bridge.trainers.marft import MarftTrainer
+    from marft_bridge.trainers.rollout import RolloutPolicy
+    from test_trainer import make_env
+
+    torch.set_num_threads(1)
+    tr = MarftTrainer(MarftConfig(), tiny_model_dir, agents=["a", "b"])
+    eps = make_env(3)(RolloutPolicy(tr), 15, 21)  # odd count: the ranks get 8 and 7 episodes
+    (tmp_path / "eps.jsonl").write_text("".join(e.model_dump_json() + "\n" for e in eps))
+    tests = str(Path(__file__).parent)
+    run_torchrun(WORKER, [str(tiny_model_dir), str(tmp_path / "eps.jsonl"), str(tmp_path), json.dumps(CONFIG), tests],
+                 tmp_path)
+    s0, s1 = (json.loads((tmp_path / f"summary{k}.json").read_text()) for k in (0, 1))
+
+    # Each rank holds a shard of every base and LoRA parameter: the two shards make the whole.
+    for s in (s0, s1):
+        assert s["sharded"] and s["base_local"] < s["base_full"] and s["lora_local"] < s["lora_full"]
+    assert s0["base_local"] + s1["base_local"] == s0["base_full"]
+    assert s0["lora_local"] + s1["lora_local"] == s0["lora_full"]
+    assert (s0["samples"], s1["samples"]) == (16, 14)  # unequal shards (and unequal token counts)
+    # Whole adapters in the peft layout, written once (rank 0), there for every rank on return.
+    assert s0["files"] == s1["files"] == ["adapter_config.json", "adapter_model.safetensors"]
+
+    # One process on all 30 samples (replicated, no checkpointing) samples the same rollouts and
+    # trains the same adapters, to float tolerance, update after update.
+    single = MarftTrainer(MarftConfig(**CONFIG), tiny_model_dir, agents=["a", "b"])
+    want = [[a.output.token_ids, a.output.logprobs] for e in make_env(3)(RolloutPolicy(single), 4, 5)
+            for a in e.actions]
+    for s in (s0, s1):
+        assert [t for t, _ in s["sampled"]] == [t for t, _ in want]
+        torch.testing.assert_close(torch.tensor(sum((lp for _, lp in s["sampled"]), [])),
+                                   torch.tensor(sum((lp for _, lp in want), [])), atol=1e-5, rtol=1e-5)
+    single.save_adapters(tmp_path / "single_init")
+    for step in ("init", "step1", "step2"):
+        if step != "init":
+            single.train_on(eps)
+            single.save_adapters(tmp_path / f"single_{step}")
+        for agent in ("a", "b"):
+            _assert_close(_adapter(tmp_path / step, agent), _adapter(tmp_path / f"single_{step}", agent))
+    for agent in ("a", "b"):  # the update did change them
+        assert _adapter(tmp_path / "step1", agent).keys() == _adapter(tmp_path / "init", agent).keys()
+        assert any(not torch.equal(t, _adapter(tmp_path / "init", agent)[k])
+                   for k, t in _adapter(tmp_path / "step1", agent).items())
+    # No-grad passes on the same episodes on both ranks (lockstep): the single process's log weights.
+    want = single.log_importance_weights(eps)
+    for s in (s0, s1):
+        assert s["log_weights"].keys() == want.keys()
+        assert all(abs(s["log_weights"][k] - want[k]) < 1e-4 for k in want)
+    # The saved files load through the normal (replicated, peft) path.
+    loaded = MarftTrainer(MarftConfig(**CONFIG), tiny_model_dir, agents=["a", "b"])
+    loaded.load_adapters(tmp_path / "step2")
+    for agent in ("a", "b"):
+        adapter = single.policy.adapter_of[agent]
+        _assert_close(loaded.policy.adapter_named_params(adapter), single.policy.adapter_named_params(adapter))
+
+    # Resume from the gathered checkpoint: the same second update (to float tolerance: a checkpoint
+    # holds rank 0's minibatch-shuffle generators, so rank 1 sums its one minibatch in another order,
+    # as under replicated DDP). A rollback restores each rank's host shards exactly.
+    assert s0["rolled_back"] and s1["rolled_back"]
+    for agent in ("a", "b"):
+        _assert_close(_adapter(tmp_path / "step2_resumed", agent), _adapter(tmp_path / "step2", agent), tol=1e-6)
+        resumed = (tmp_path / "step2_resumed" / agent / "adapter_model.safetensors").read_bytes()
+        assert (tmp_path / "rolled_back" / agent / "adapter_model.safetensors").read_bytes() == resumed
+    assert (s0["small"], s1["small"]) == (4, 2)
