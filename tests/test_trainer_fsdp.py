@@ -57,6 +57,8 @@ WORKER = textwrap.dedent("""
     tr.config.collapse_entropy_min = 1e9  # every update now "collapses": rolled back from the host shards
     summary["rolled_back"] = tr.train_on(eps)["rolled_back"]
     tr.save_adapters(f"{out}/rolled_back")
+    tr.load_adapters(f"{out}/step1")  # warm start from whole files: each rank takes its shard
+    tr.save_adapters(f"{out}/reloaded")
     # Three episodes in four minibatches: some ranks' minibatches are empty, they run idle passes.
     tr.config.collapse_entropy_min, tr.config.num_minibatches = None, 4
     summary["small"] = tr.train_on(eps[:3])["samples"]
@@ -142,4 +144,6 @@ def test_fsdp2_two_gloo_processes_train_the_adapters_of_one_process(tiny_model_d
         _assert_close(_adapter(tmp_path / "step2_resumed", agent), _adapter(tmp_path / "step2", agent), tol=1e-6)
         resumed = (tmp_path / "step2_resumed" / agent / "adapter_model.safetensors").read_bytes()
         assert (tmp_path / "rolled_back" / agent / "adapter_model.safetensors").read_bytes() == resumed
+        step1 = (tmp_path / "step1" / agent / "adapter_model.safetensors").read_bytes()
+        assert (tmp_path / "reloaded" / agent / "adapter_model.safetensors").read_bytes() == step1
     assert (s0["small"], s1["small"]) == (4, 2)

@@ -3,8 +3,12 @@
 For bases that do not fit one GPU. ``torch.distributed.fsdp.fully_shard`` makes each decoder layer
 one unit and a root wrapper (``Root``) the unit of what is left (embeddings, final norm, LM head,
 tied or not). Each rank keeps 1/world of every parameter; a unit's parameters are all-gathered just
-before it runs and freed after it (forward and backward), so at most one decoder layer plus the root
-unit (embeddings and LM head: ~2 x vocab x hidden) is unsharded at a time.
+before it runs and freed after it (forward and backward; FSDP prefetches the next layer), so a rank
+holds its shards plus about two decoder layers and the root unit unsharded. The root unit stays
+gathered for the whole of each pass: embeddings and LM head, 2 x vocab x hidden (one if tied), e.g.
+2 GB in bf16 at a 128k vocabulary and hidden 8192. Communication: each forward all-gathers the whole
+base once (the proximal and reference passes: twice per micro-batch), each backward again, and each
+backward reduce-scatters the active adapter's gradients.
 
 * Every call into the model goes through ``Root.forward`` (``MultiAgentPolicy._call``): the chunked
   LM head (logprobs.py) reads ``lm_head.weight`` outside the HF forward, which is right only while
@@ -13,8 +17,9 @@ unit (embeddings and LM head: ~2 x vocab x hidden) is unsharded at a time.
   every rank builds the model on the ``meta`` device, shards it and allocates only its shards; rank 0
   alone loads the checkpoint (plus the LoRA init, under the same seed as a single process) on the
   CPU and ``set_model_state_dict(..., broadcast_from_rank0=True)`` sends each tensor's shards out,
-  after which that host copy is dropped. Peak: one full copy in rank 0's host RAM, 1/world of the
-  base per accelerator.
+  after which that host copy is dropped. Peak: one full copy in rank 0's host RAM; per accelerator
+  1/world of the base plus one whole tensor at a time while it is broadcast (the largest: the
+  embedding matrix).
 * Adapter switching: peft's ``set_adapter`` / ``disable_adapter`` toggle ``requires_grad`` on the
   sharded parameters; FSDP2 copies that flag onto the unsharded parameter at every all-gather
   (``FSDPParam.to_unsharded``), so only the active adapter gets gradients and is reduce-scattered.
@@ -88,6 +93,7 @@ def pad_plan(plan: list[list[int]], device: torch.device) -> list[list[int]]:
 
 
 def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when ``flag`` is true on any."""
     import torch.distributed as dist
 
     t = torch.tensor([float(flag)], device=device)

@@ -120,7 +120,7 @@ class MultiAgentPolicy:
         # fsdp2: the base on the meta device, sharded in place, filled from rank 0 (fsdp.py).
         self.sharded = config.parallelism == "fsdp2"
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        source = None
+        source = rng = None
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(base_model_path))
             if self.sharded:
