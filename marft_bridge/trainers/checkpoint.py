@@ -4,7 +4,7 @@ Layout of a checkpoint directory (the trainer adds ``adapters/``, peft dirs of e
 
     weights.safetensors      name -> tensor (every LoRA weight and the value head)
     optimizers.safetensors   "<optimiser>/<param id>/<key>" -> tensor (AdamW moments, step)
-    rng.safetensors          generator states
+    rng.safetensors          generator states (fsdp2: every rank's, ``rank<r>/...`` for r > 0)
     state.json               counters, agents, world size, config, optimiser param groups and
                              non-tensor optimiser state
 
@@ -39,11 +39,19 @@ def capture(trainer) -> dict:
         sd = o.state_dict()
         optim[k] = {"state": {i: {n: host(v) for n, v in st.items()} for i, st in sd["state"].items()},
                     "param_groups": copy.deepcopy(sd["param_groups"])}
-    return {"weights": {n: host(p) for n, p in trainer._named_weights().items()}, "optim": optim,
-            "rng": {**{f"gen/{k}": g.get_state() for k, g in trainer.gens.items()},
-                    "order_gen": trainer.order_gen.get_state(),
-                    "torch": torch.get_rng_state(),
-                    **({"cuda": torch.cuda.get_rng_state()} if trainer.device.type == "cuda" else {})},
+    rng = {**{f"gen/{k}": g.get_state() for k, g in trainer.gens.items()},
+           "order_gen": trainer.order_gen.get_state(),
+           "torch": torch.get_rng_state(),
+           **({"cuda": torch.cuda.get_rng_state()} if trainer.device.type == "cuda" else {})}
+    if trainer.policy.sharded and trainer.world > 1:
+        # Every rank is here: keep each rank's generators (their minibatch shuffles drew on its own
+        # samples), rank 0's under the plain names, so resume is exact on every rank.
+        import torch.distributed as dist
+
+        ranks: list = [None] * trainer.world
+        dist.all_gather_object(ranks, rng)
+        rng = {**ranks[0], **{f"rank{r}/{k}": v for r in range(1, trainer.world) for k, v in ranks[r].items()}}
+    return {"weights": {n: host(p) for n, p in trainer._named_weights().items()}, "optim": optim, "rng": rng,
             "update_count": trainer.update_count}
 
 
@@ -56,13 +64,15 @@ def restore(trainer, snap: dict) -> None:
         copy_full_(p, snap["weights"][n])
     for k, o in trainer._optimizers().items():
         load_optimizer(o, copy.deepcopy(snap["optim"][k]))
+    own = {k.split("/", 1)[1]: v for k, v in snap["rng"].items() if k.startswith(f"rank{trainer.rank}/")}
+    rng = {**snap["rng"], **own}  # this rank's states where the checkpoint has them, else rank 0's
     for k, g in trainer.gens.items():
-        if f"gen/{k}" in snap["rng"]:  # absent in checkpoints from before per-group generators
-            g.set_state(snap["rng"][f"gen/{k}"])
-    trainer.order_gen.set_state(snap["rng"]["order_gen"])
-    torch.set_rng_state(snap["rng"]["torch"])
-    if "cuda" in snap["rng"] and trainer.device.type == "cuda":
-        torch.cuda.set_rng_state(snap["rng"]["cuda"])
+        if f"gen/{k}" in rng:  # absent in checkpoints from before per-group generators
+            g.set_state(rng[f"gen/{k}"])
+    trainer.order_gen.set_state(rng["order_gen"])
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and trainer.device.type == "cuda":
+        torch.cuda.set_rng_state(rng["cuda"])
     trainer.update_count = snap["update_count"]
 
 
