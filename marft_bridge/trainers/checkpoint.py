@@ -63,7 +63,7 @@ def restore(trainer, snap: dict) -> None:
     for n, p in trainer._named_weights().items():
         copy_full_(p, snap["weights"][n])
     for k, o in trainer._optimizers().items():
-        load_optimizer(o, copy.deepcopy(snap["optim"][k]))
+        load_optimizer(o, snap["optim"][k])  # load_state_dict copies what it keeps
     own = {k.split("/", 1)[1]: v for k, v in snap["rng"].items() if k.startswith(f"rank{trainer.rank}/")}
     rng = {**snap["rng"], **own}  # this rank's states where the checkpoint has them, else rank 0's
     for k, g in trainer.gens.items():
@@ -123,19 +123,23 @@ def read(directory, device: torch.device) -> tuple[dict, dict, dict, dict]:
     return state, {n: t.to(device) for n, t in weights.items()}, optim, rng
 
 
-def save_adapters(policy, directory, rank: int = 0) -> Path:
+def save_adapters(policy, directory, whole: dict[str, torch.Tensor] | None = None) -> Path:
     """Write ``<dir>/<agent>/adapter_model.safetensors + adapter_config.json`` for every agent. Under
-    fsdp2 a collective (every rank gathers the LoRA shards) and only rank 0 writes."""
+    fsdp2 a collective (every rank gathers the LoRA shards) and only rank 0 writes; ``whole``: LoRA
+    weights already gathered (``capture``'s), by parameter name."""
     import shutil
     import tempfile
+
+    import torch.distributed as dist
 
     from .fsdp import full
 
     directory = Path(directory)
     state = None
     if policy.sharded:  # whole tensors, in the same order on every rank
-        state = {n: full(p).detach().cpu() for n, p in policy.model.named_parameters() if "lora_" in n}
-    if rank == 0 or not policy.sharded:
+        state = {n: whole[n] if whole is not None else full(p).detach().cpu()
+                 for n, p in policy.model.named_parameters() if "lora_" in n}
+    if not policy.sharded or dist.get_rank() == 0:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=directory) as tmp:
             extra = {"state_dict": state} if state is not None else {}
@@ -147,8 +151,6 @@ def save_adapters(policy, directory, rank: int = 0) -> Path:
                     shutil.rmtree(dst)
                 shutil.copytree(src, dst)
     if policy.sharded:
-        import torch.distributed as dist
-
         dist.barrier()  # every rank returns once the files exist
     return directory
 

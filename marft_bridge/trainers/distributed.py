@@ -123,13 +123,18 @@ def clip_grad_norm_(params: list[torch.nn.Parameter], max_norm: float, device: t
             (g.to_local() if is_sharded(g) else g).mul_(coef.to(g.dtype))
 
 
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when ``flag`` is true on any."""
+    return sum_floats([float(flag)], device)[0] > 0
+
+
 def all_finite(params: list[torch.Tensor], device: torch.device) -> bool:
     """Every weight finite, on every rank's shard (the ranks must agree whether to roll back)."""
     from .fsdp import is_sharded, local
 
     ok = all(bool(torch.isfinite(local(p)).all()) for p in params)
     if any(is_sharded(p) for p in params):
-        ok = sum_floats([0.0 if ok else 1.0], device)[0] == 0
+        ok = not any_rank(not ok, device)
     return ok
 
 

@@ -92,14 +92,6 @@ def pad_plan(plan: list[list[int]], device: torch.device) -> list[list[int]]:
     return plan + [[] for _ in range(int(n) - len(plan))]
 
 
-def any_rank(flag: bool, device: torch.device) -> bool:
-    """True on every rank when ``flag`` is true on any."""
-    import torch.distributed as dist
-
-    t = torch.tensor([float(flag)], device=device)
-    dist.all_reduce(t)
-    return bool(t.item() > 0)
-
 
 class Root(nn.Module):
     """The root FSDP unit: ``root(fn, *args)`` runs ``fn`` inside its forward, so the root unit's

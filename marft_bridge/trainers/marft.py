@@ -176,7 +176,7 @@ class MarftTrainer:
     def save_adapters(self, directory) -> Path:
         """``<dir>/<agent>/adapter_model.safetensors + adapter_config.json`` for every agent (checkpoint.py;
         under fsdp2 every rank calls it, rank 0 writes)."""
-        return checkpoint.save_adapters(self.policy, directory, self.rank)
+        return checkpoint.save_adapters(self.policy, directory)
 
     def load_adapters(self, directory, agents: list[str] | None = None) -> None:
         """Start from published adapters (warm start, continuous training): ``<dir>/<agent>/`` peft dirs
@@ -204,9 +204,8 @@ class MarftTrainer:
         return out
 
     def _forward(self, adapter, samples: list[Sample], grad: bool, entropy: bool = False):
-        # No samples (an fsdp2 rank's padding micro-batch): one pad token, no action token.
-        obs, acts = ([s.obs_ids for s in samples], [s.act_ids for s in samples]) if samples else ([[0]], [[]])
-        packed = pack(obs, acts, self.policy.pad_id, self.device)
+        packed = pack([s.obs_ids for s in samples], [s.act_ids for s in samples], self.policy.pad_id,
+                      self.device) if samples else self._empty_pack()
         temp = torch.tensor([s.temperature for s in samples for _ in s.act_ids], device=self.device)
         with torch.set_grad_enabled(grad):
             logp, ent, h = self.policy.token_logprobs(adapter, packed, temp, with_entropy=entropy)
@@ -220,7 +219,7 @@ class MarftTrainer:
         frozen = c.critic_backbone == "frozen"
         n = len(samples)
         prox, ref, vals, feats = [None] * n, [None] * n, [None] * n, [None] * n
-        by_adapter: dict[str, list[int]] = {a: [] for a in self.policy.adapters} if self.policy.sharded else {}
+        by_adapter: dict[str, list[int]] = {a: [] for a in self.policy.adapters}  # every adapter: fsdp2 lockstep
         for i, s in enumerate(samples):
             by_adapter.setdefault(self.policy.adapter_of[s.agent], []).append(i)
         for adapter, idx in by_adapter.items():
@@ -338,9 +337,8 @@ class MarftTrainer:
                     break
 
             # 3b. Fold its whole-action ratios into the M of the samples they are sources of (no gradient).
-            # (fsdp2: a rank without this agent's samples still joins the pass.)
-            fold = agent is not None and g_i + 1 < len(groups) and c.factor_scope != "none"
-            if fold and (idx or self.policy.sharded):
+            # (A rank without this agent's samples still joins the pass: fsdp2 passes are collectives.)
+            if agent is not None and g_i + 1 < len(groups) and c.factor_scope != "none":
                 with torch.no_grad():
                     new_tok = self._token_logprobs(adapter, [S[i] for i in idx])  # (L_k,) per sample
                     log_ratio = torch.zeros(K, dtype=torch.float64)  # (K,) sum new - sum prox, this agent's
@@ -468,11 +466,15 @@ class MarftTrainer:
         the reduce-scatter of the adapter's (zero) gradients run as on the other ranks."""
         for _ in range(len(self._plan([])) if n is None else n):
             if critic:
-                out = values(self.policy, self.head, pack([[0]], [[]], self.policy.pad_id, self.device), False)
+                out = values(self.policy, self.head, self._empty_pack(), False)
             else:
                 with self.policy.grad_mode():
                     out = self._forward(adapter, [], grad=True)[3]
             (out.sum() * 0).backward()
+
+    def _empty_pack(self):
+        """An fsdp2 rank's padding micro-batch: token 0 as the observation, no action token."""
+        return pack([[0]], [[]], self.policy.pad_id, self.device)
 
     def _minibatches(self, idx: list[int], gen: torch.Generator) -> list[list[int]]:
         # Exactly num_minibatches chunks (some may be empty) so every DDP rank takes the same steps.
@@ -559,7 +561,7 @@ class MarftTrainer:
             checkpoint.write(d, snap["weights"], snap["optim"], snap["rng"],
                              {"update_count": self.update_count, "agents": self.agents, "world": self.world,
                               "config": self.config.model_dump(mode="json")})
-        self.save_adapters(d / "adapters")
+        checkpoint.save_adapters(self.policy, d / "adapters", snap["weights"])  # fsdp2: no second gather
         return d
 
     def load_checkpoint(self, directory) -> None:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import MarftError
+from . import distributed as D
 from . import fsdp
 from .config import MarftConfig
 from .logprobs import chunked_logprobs
@@ -88,14 +89,17 @@ def pack(obs: list[list[int]], acts: list[list[int]], pad_id: int, device) -> Pa
 
 
 class _TrainMode:
+    """Train mode for a block; re-entrant (an fsdp2 idle pass opens one inside a gradient pass)."""
+
     def __init__(self, model):
         self.model = model
 
     def __enter__(self):
+        self.was_training = self.model.training
         self.model.train()
 
     def __exit__(self, *exc):
-        self.model.eval()
+        self.model.train(self.was_training)
 
 
 def _load_base(path, dtype):
@@ -290,7 +294,7 @@ class MultiAgentPolicy:
                             toks[j].append(tok)
                             lps[j].append(float(chosen[j]))
                             alive[j] = tok != eos
-                if not (fsdp.any_rank(any(alive), self.device) if self.sharded else any(alive)):
+                if not (D.any_rank(any(alive), self.device) if self.sharded else any(alive)):
                     break
                 attn = torch.cat([attn, attn.new_ones((n, 1))], dim=1)
                 pos = pos[:, -1:] + 1
