@@ -76,7 +76,8 @@ class DemoSettings(BaseModel):
 class _Run:
     """One (method, seed): its trainer, its adapter names on the server, its instrumented app."""
 
-    def __init__(self, method: str, seed: int, base: Path, server, key: str, registry, store, s: DemoSettings):
+    def __init__(self, method: str, seed: int, base: Path, server, key: str, registry, store, s: DemoSettings,
+                 out: Path):
         from ..integrations.langgraph import instrument
         from ..serving import EmbeddedServerPublisher
         from ..trainers.config import MarftConfig
@@ -93,7 +94,10 @@ class _Run:
         self.served = {a: f"{a}-{method}-s{seed}".replace("_", "-") for a in agents}
         self.single = single
         self.seed = seed
-        self.trainer = MarftTrainer(MarftConfig(seed=seed, **{**s.trainer, **METHOD_CONFIG[method]}), base, agents=agents)
+        # The trainer writes one metrics line per update there, as `marft train` does: `marft ui --runs
+        # out/runs` plots each (method, seed) run. No checkpoints: a demo run is not resumed.
+        config = MarftConfig(seed=seed, checkpoint_every=10**9, **{**s.trainer, **METHOD_CONFIG[method]})
+        self.trainer = MarftTrainer(config, base, agents=agents, out_dir=out / "runs" / f"{method}-s{seed}")
         if single:
             build = lambda: demo_app.build_single_agent_app(server.url, key, model=self.served["agent"],  # noqa: E731
                                                             temperature=s.temperature)
@@ -185,7 +189,7 @@ def run_demo(out: str | Path = ".marft/demo", quick: bool = False, seeds: int | 
         job = bar.add_task("runs", total=len(s.methods) * s.seeds * s.iterations, status="")
         for method in s.methods:
             for seed in range(s.seeds):
-                run = _Run(method, seed, base, server, key, registry, store, s)
+                run = _Run(method, seed, base, server, key, registry, store, s, out)
                 curve = [run.accuracy(heldout, s.concurrency)]
                 for it in range(s.iterations):
                     bar.update(job, description=f"{METHODS[method]} seed {seed}",
@@ -198,7 +202,6 @@ def run_demo(out: str | Path = ".marft/demo", quick: bool = False, seeds: int | 
                         a.policy is not None and a.policy.version == live[a.agent]
                         for e in episodes for a in e.actions if a.kind == "llm")
                     metrics = run.trainer.train_on(episodes)
-                    _append_train_metrics(out, method, seed, metrics)
                     run.publish(metrics={"train_reward": metrics.get("reward_mean", 0.0)})
                     curve.append(run.accuracy(heldout, s.concurrency))
                     bar.advance(job)
@@ -249,15 +252,6 @@ def _write_metrics(out: Path, method: str, seed: int, curve: list[float], versio
     with open(out / "curves.jsonl", "a") as f:
         f.write(json.dumps({"method": method, "seed": seed, "heldout_accuracy": curve, "versions": versions,
                             "final_eval": final}) + "\n")
-
-
-def _append_train_metrics(out: Path, method: str, seed: int, metrics: dict) -> None:
-    """One trainer metrics line per update, as ``marft train`` writes them: ``marft ui --runs out/runs``
-    plots each (method, seed) run."""
-    run_dir = out / "runs" / f"{method}-s{seed}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "metrics.jsonl", "a") as f:
-        f.write(json.dumps(metrics, default=str) + "\n")
 
 
 def _pooled(evals: list[dict]) -> tuple[float, float]:

@@ -38,7 +38,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from ..messages import canonical_arguments
+from ..messages import arguments_json, canonical_arguments, tool_call
 from .. import recording
 from ..recording import EpisodeRecorder, guarded
 from . import openai as oa
@@ -90,7 +90,7 @@ class _Run:
         key = canonical_arguments(args) if args is not None else None
         with self.lock:
             mine = [c for c in self.pending if agent is None or c["agent"] == agent]
-            for ok in (lambda c: c["name"] == name and (key is None or canonical_arguments(c["args"]) == key),
+            for ok in (lambda c: c["name"] == name and (key is None or c["key"] == key),
                        lambda c: c["name"] == name):
                 hit = next((c for c in mine if ok(c)), None)
                 if hit is not None:
@@ -113,12 +113,12 @@ def _tool_step(run: _Run, agent: str, call: dict | None, name: str, args: Any, t
                started: datetime | None, ended: datetime | None, latency: float | None,
                extra: dict[str, Any] | None = None) -> None:
     call_id = call["id"] if call is not None else None
-    args_json = args if isinstance(args, str) else json.dumps(args if args is not None else {}, default=str)
+    args_json = arguments_json(args)
     try:
         parsed = json.loads(args_json)
     except ValueError:
         parsed = args_json
-    tc = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args_json}}
+    tc = tool_call(call_id, name, args_json)
     meta = {"tool.name": name, "tool.arguments": parsed, "tool_call_id": call_id, "latency_s": latency, **(extra or {})}
     deps = [call["llm"]] if call is not None else [x for x in [run.rec.last_action_id(agent)] if x]
     aid = run.rec.record_action(
@@ -169,7 +169,7 @@ def _record(fields: dict[str, Any], started: datetime | None = None, kind: str =
         for c in calls:
             fn = c.get("function") or {}
             run.pending.append({"id": c.get("id"), "name": fn.get("name"), "args": fn.get("arguments"),
-                                "llm": aid, "agent": agent})
+                                "key": canonical_arguments(fn.get("arguments")), "llm": aid, "agent": agent})
     return True
 
 

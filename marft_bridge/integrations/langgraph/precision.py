@@ -246,9 +246,9 @@ def _loop_exited(loop: Any, exc: BaseException | None) -> None:
 
             if isinstance(exc, GraphBubbleUp) and not isinstance(exc, GraphInterrupt):
                 # A ParentCommand (a handoff tool's or a node's Command(graph=PARENT)) unwound the step:
-                # what its tasks recorded (the handoff's tool step), or for a task that recorded
-                # nothing its inputs, is what the parent graph receives.
-                st.bubbled = pv.EMPTY.union(*(frozenset(t.actions) or t.deps for tid in loop.tasks
+                # what its tasks' writes would have carried (the handoff's tool step), or for a task
+                # that recorded nothing its inputs, is what the parent graph receives.
+                st.bubbled = pv.EMPTY.union(*(pv.task_output(t) or t.deps for tid in loop.tasks
                                               if (t := TASKS.get(tid)) is not None))
             _save_history(st, exc)
     run = d.pop("_marft_owns_run", None)
