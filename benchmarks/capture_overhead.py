@@ -154,11 +154,11 @@ def main() -> None:
         finally:
             recording._fast_id = ordered_id
 
-    def timed_plain() -> tuple[float, float]:
-        for app, _ in instrumented:
-            mb.uninstrument(app)
+    def unhooked(config=None) -> tuple[float, float]:
+        """The plain app with no marft hook in the process (every app uninstrumented for the turn)."""
+        mb.uninstrument()
         try:
-            return run(plain_app)
+            return run(plain_app, config=config)
         finally:
             for app, s in instrumented:
                 mb.instrument(app, store=s)
@@ -172,17 +172,8 @@ def main() -> None:
             spans.clear()
 
     noop = {"callbacks": [noop_handler()]}
-
-    def timed_plain_noop() -> tuple[float, float]:
-        for app, _ in instrumented:
-            mb.uninstrument(app)
-        try:
-            return run(plain_app, config=noop)
-        finally:
-            for app, s in instrumented:
-                mb.instrument(app, store=s)
-    variants = {"plain": timed_plain, "plain_hooked": lambda: run(plain_app), "marft_bridge": timed_ours,
-                "capture_only": lambda: run(capture_only_app), "lc_noop_handler": timed_plain_noop,
+    variants = {"plain": unhooked, "plain_hooked": lambda: run(plain_app), "marft_bridge": timed_ours,
+                "capture_only": lambda: run(capture_only_app), "lc_noop_handler": lambda: unhooked(noop),
                 "openinference": timed_oi}
     if random_app is not None:
         variants["marft_random_ids"] = timed_random_ids
