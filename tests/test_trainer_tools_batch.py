@@ -179,14 +179,10 @@ def test_a_captured_langgraph_supervisor_trains_the_adapters_its_models_name(sql
     worker's observation holds its bound tools and the handoff's tool result."""
     pytest.importorskip("langgraph_supervisor")
     import tool_apps as ta
-    from langgraph.prebuilt import create_react_agent
-    from langgraph_supervisor import create_supervisor
 
     import marft_bridge as mb
 
-    expert = create_react_agent(ta.ToolCallingModel(policy=ta._adder, model_name="math_expert"), [ta.add],
-                                name="math_expert")
-    app = create_supervisor([expert], model=ta.ToolCallingModel(policy=ta._supervisor, model_name="supervisor")).compile()
+    app = ta.supervisor_app(supervisor_model="supervisor", expert_model="math_expert")
     app = mb.instrument(app, store=sqlite_store, reward_fn=lambda i, o: 1.0)
     app.invoke(ta.ask())
     sqlite_store.flush()

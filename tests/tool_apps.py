@@ -37,13 +37,14 @@ from langgraph.prebuilt import ToolNode
 from langgraph.types import Command
 
 Policy = Callable[[list[BaseMessage]], AIMessage]
+FAKE_MODEL = "fake-tools"  # the model name a chat model sends unless told another
 
 
 class ToolCallingModel(BaseChatModel):
     """A chat model whose reply is ``policy(messages)``; binds tools like ChatOpenAI."""
 
     policy: Policy
-    model_name: str = "fake-tools"
+    model_name: str = FAKE_MODEL
 
     @property
     def _llm_type(self) -> str:
@@ -148,13 +149,14 @@ def _adder(messages: list[BaseMessage]) -> AIMessage:
     return AIMessage(f"the sum is {sums[-1].content}")
 
 
-def supervisor_app() -> Any:
+def supervisor_app(supervisor_model: str = FAKE_MODEL, expert_model: str = FAKE_MODEL) -> Any:
+    """The two chat models send these model names (adapter names, to a trainer)."""
     from langgraph_supervisor import create_supervisor
 
-    expert = create_react_agent(ToolCallingModel(policy=_adder), [add], name="math_expert")
+    expert = create_react_agent(ToolCallingModel(policy=_adder, model_name=expert_model), [add], name="math_expert")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        return create_supervisor([expert], model=ToolCallingModel(policy=_supervisor)).compile()
+        return create_supervisor([expert], model=ToolCallingModel(policy=_supervisor, model_name=supervisor_model)).compile()
 
 
 def _alice(messages: list[BaseMessage]) -> AIMessage:
