@@ -1,10 +1,11 @@
-"""The episode context and the recorder every capture adapter writes through.
+"""Episodes (``episode``, ``implicit_episode``) and the recorder every capture adapter writes through.
 
 Adapters (LangGraph, OpenAI client, MCP, A2A, OpenTelemetry) never build an ``Episode`` by hand:
 they find or open an ``EpisodeRecorder`` and call ``record_action``; the recorder assigns ids and
 steps, checks dependencies, and at the end submits one validated ``Episode`` to the store's
 bounded background queue. Capture must never break the application, so adapters wrap their own
-work in ``guarded(...)``: an exception there is logged and counted, never raised into the app.
+work in ``guarded(...)`` (``capture_errors``): an exception there is logged and counted, never
+raised into the app.
 
 API
 ---
@@ -18,12 +19,6 @@ API
     the enclosing episode's store, else ``TraceStore.open()`` (./.marft/traces.db). ``registry``:
     the adapter registry (root or ``AdapterRegistry``) whose live versions label calls that name
     none (vLLM responses); ``None`` takes the enclosing episode's. Per episode, not process-wide.
-
-``current_episode() -> EpisodeRecorder | None``
-    The open episode of this context, if any: an explicit/implicit one, else the episode of a
-    captured run this code runs inside (adapters add lookups with ``register_episode_finder(fn)``;
-    the LangGraph capture uses it, so MCP/A2A/OpenAI calls made inside a captured node join the
-    node's episode).
 
 ``implicit_episode(store=None, source=..., task=None, metadata=None, registry=None)``
     For adapters: yields ``(recorder, owned)``. Joins the current episode when one is open
@@ -55,111 +50,31 @@ API
 
 ``jsonable(obj)``: a JSON-safe copy of an app input/output (what ``Episode.task`` holds).
 
-Framework tasks (the protocol integrations share without importing each other)
-    ``register_task_context(in_task, record, current=None)``: an integration that knows which
-    framework task is running (the LangGraph capture: a node) registers how to probe for it, record
-    into it and hand it out; ``in_framework_task()``, ``record_in_framework_task(fields, started,
-    kind)`` and ``current_framework_task()`` (a ``FrameworkTask``: ``agent``, ``step``,
-    ``recorder``, ``finished``, ``depends_on()``, ``record(kind, fields, depends_on, started)``) are
-    what the raw-client, MCP and A2A captures call.
-
-Errors and listeners
-    ``guarded(where, recorder=None)``: context manager that logs + counts any exception.
-    ``capture_error(where, exc, recorder=None)`` counts one; ``capture_stats()`` returns
-    ``{"errors": n, "by_where": {...}, "last": "..."}``; ``reset_capture_stats()`` for tests.
+Listeners
     ``add_episode_listener(fn)`` / ``remove_episode_listener(fn)``: ``fn(episode)`` is called
     with every finished episode (the OpenTelemetry span emitter uses it).
+
+Error accounting (``guarded``, ``capture_error``, ``capture_stats``, ``reset_capture_stats``) lives
+in ``capture_errors``, ``current_episode`` and the framework-task registry in ``episode_context``;
+those names, and ``record_in_framework_task``, are importable from here too.
 """
 
 from __future__ import annotations
 
-import contextvars
-import logging
 import random
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
+from .capture_errors import capture_error, guarded
+from .capture_errors import capture_stats as capture_stats  # re-exported: tests and README use it here
+from .capture_errors import reset_capture_stats as reset_capture_stats  # re-exported (tests)
+from .episode_context import CURRENT_EPISODE, current_episode
+from .episode_context import record_in_framework_task as record_in_framework_task  # re-exported (benchmarks)
 from .schema import Action, Episode, Observation, Output, Policy, Reward, SamplingParams, utcnow
-
-log = logging.getLogger("marft_bridge.capture")
-
-_CURRENT: contextvars.ContextVar[EpisodeRecorder | None] = contextvars.ContextVar("marft_episode", default=None)
-
-
-# -- capture errors ------------------------------------------------------------------------------
-
-
-class _Stats:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.errors = 0
-        self.by_where: Counter[str] = Counter()
-        self.last: str | None = None
-
-
-_STATS = _Stats()
-
-
-def capture_error(where: str, exc: BaseException, recorder: EpisodeRecorder | None = None) -> None:
-    """Log and count a failure inside capture code. Never raises.
-
-    The first failure of each kind is logged with its traceback; repeats only every 1000th, so a
-    persistent capture bug cannot flood the app's logs (the counts stay exact).
-    """
-    try:
-        msg = f"{where}: {type(exc).__name__}: {exc}"
-        with _STATS.lock:
-            _STATS.errors += 1
-            _STATS.by_where[where] += 1
-            _STATS.last = msg
-            n = _STATS.by_where[where]
-        if recorder is not None:
-            recorder._count_error(msg)
-        if n == 1:
-            log.warning("marft capture error (the app is unaffected) in %s", msg, exc_info=exc)
-        elif n % 1000 == 0:
-            log.warning("marft capture error in %s (%d so far; the app is unaffected)", msg, n)
-    except Exception:  # noqa: BLE001 - the error path itself must never raise into the app
-        pass
-
-
-class guarded:  # noqa: N801 - used like a function: ``with guarded("where"):``
-    """Run capture code; any exception is logged and counted instead of reaching the app.
-
-    A class, not a ``@contextmanager`` generator: it runs several times per captured graph run.
-    """
-
-    __slots__ = ("where", "recorder")
-
-    def __init__(self, where: str, recorder: EpisodeRecorder | None = None):
-        self.where = where
-        self.recorder = recorder
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, typ: Any, exc: BaseException | None, tb: Any) -> bool:
-        if not isinstance(exc, Exception):
-            return False  # BaseException (KeyboardInterrupt, SystemExit) still propagates
-        capture_error(self.where, exc, self.recorder)
-        return True
-
-
-def capture_stats() -> dict[str, Any]:
-    with _STATS.lock:
-        return {"errors": _STATS.errors, "by_where": dict(_STATS.by_where), "last": _STATS.last}
-
-
-def reset_capture_stats() -> None:
-    with _STATS.lock:
-        _STATS.errors = 0
-        _STATS.by_where.clear()
-        _STATS.last = None
 
 
 # -- listeners -----------------------------------------------------------------------------------
@@ -412,7 +327,8 @@ class EpisodeRecorder:
             outs = [(a["id"], str((a.get("output") or {}).get("text") or "").strip()) for a in self._actions]
         return [aid for aid, out in outs if out and any(out in t for t in texts)]
 
-    def _count_error(self, msg: str) -> None:
+    def count_error(self, msg: str) -> None:
+        """Count a capture error of this episode (``capture_error`` calls it)."""
         with self._lock:
             self._errors += 1
             self.metadata["last_capture_error"] = msg[:500]
@@ -422,11 +338,11 @@ class EpisodeRecorder:
     @contextmanager
     def activate(self) -> Iterator[EpisodeRecorder]:
         """Make this episode current in this thread / task for the block."""
-        token = _CURRENT.set(self)
+        token = CURRENT_EPISODE.set(self)
         try:
             yield self
         finally:
-            _CURRENT.reset(token)
+            CURRENT_EPISODE.reset(token)
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` wrapped to run with this episode current (for plain threads)."""
@@ -483,92 +399,7 @@ class EpisodeRecorder:
         return self._episode
 
 
-# -- framework tasks ----------------------------------------------------------------------------
-# An integration that knows which framework task is running (a LangGraph node, ...) registers how to
-# record into it, so other integrations (raw openai calls, MCP tool calls) attach their actions to
-# that task without importing the integration that owns it.
-
-_TASK_CONTEXTS: list[tuple[Callable[[], bool], Callable[..., bool]]] = []
-_TASK_HANDLES: list[Callable[[], Any]] = []
-
-
-def register_task_context(in_task: Callable[[], bool], record: Callable[..., bool],
-                          current: Callable[[], Any] | None = None) -> None:
-    """``in_task()``: is a captured framework task running in this context; ``record(fields, started,
-    kind)``: record an action as that task's agent (``record_action`` keyword fields), True if it did;
-    ``current()``: the running task as a ``FrameworkTask`` (or None)."""
-    if (in_task, record) not in _TASK_CONTEXTS:
-        _TASK_CONTEXTS.append((in_task, record))
-    if current is not None and current not in _TASK_HANDLES:
-        _TASK_HANDLES.append(current)
-
-
-class FrameworkTask(Protocol):
-    """A running framework task (a LangGraph node), for call steps made inside it (MCP, A2A): its
-    ``agent``, ``step``, ``recorder``, whether its run ``finished``, ``depends_on()`` (its inputs and
-    earlier actions, in recording order) and ``record(kind, fields, depends_on, started)``, which
-    records an action as one of the task's own (``fields``: ``record_action`` keywords)."""
-
-    agent: str
-    step: int | None
-    recorder: EpisodeRecorder
-    finished: bool
-
-    def depends_on(self) -> list[str]: ...
-
-    def record(self, kind: str, fields: dict[str, Any], depends_on: Any, started: datetime | None = None) -> str: ...
-
-
-def current_framework_task() -> FrameworkTask | None:
-    """The captured framework task running in this context, if any."""
-    for current in _TASK_HANDLES:
-        with guarded("recording.task_context"):
-            t = current()
-            if t is not None:
-                return t
-    return None
-
-
-def in_framework_task() -> bool:
-    with guarded("recording.task_context"):
-        return any(probe() for probe, _ in _TASK_CONTEXTS)
-    return False
-
-
-def record_in_framework_task(fields: dict[str, Any], started: datetime | None = None, kind: str = "llm") -> bool:
-    """Record an action made inside a captured framework task as that task's agent (False when in none)."""
-    with guarded("recording.task_context"):
-        return any(record(fields, started, kind) for _, record in _TASK_CONTEXTS)
-    return False
-
-
 # -- context managers ----------------------------------------------------------------------------
-
-
-_FINDERS: list[Callable[[], EpisodeRecorder | None]] = []
-
-
-def register_episode_finder(fn: Callable[[], EpisodeRecorder | None]) -> None:
-    """Let an adapter expose the episode of a run it captures without setting the context variable
-    (the LangGraph capture finds its run from LangChain's runnable config inside a node)."""
-    if fn not in _FINDERS:
-        _FINDERS.append(fn)
-
-
-def current_episode() -> EpisodeRecorder | None:
-    """The explicit episode of this context, else the episode of a captured run we are inside."""
-    ep = _CURRENT.get()
-    if ep is not None and not ep.closed:
-        return ep
-    for find in _FINDERS:
-        try:
-            ep = find()
-        except Exception as e:  # noqa: BLE001
-            capture_error("recording.finder", e)
-            continue
-        if ep is not None and not ep.closed:
-            return ep
-    return None
 
 
 @contextmanager
@@ -615,12 +446,12 @@ def implicit_episode(
 @contextmanager
 def _current(rec: EpisodeRecorder) -> Iterator[EpisodeRecorder]:
     """``rec`` is the current episode in the block, finished after it (failed if the block raised)."""
-    token = _CURRENT.set(rec)
+    token = CURRENT_EPISODE.set(rec)
     try:
         yield rec
     except BaseException as e:
         rec.finish("failed", f"{type(e).__name__}: {e}")
         raise
     finally:
-        _CURRENT.reset(token)
+        CURRENT_EPISODE.reset(token)
         rec.finish()

@@ -44,9 +44,9 @@ from a2a.server.agent_execution import AgentExecutor
 from a2a.types import TaskState
 from google.protobuf import json_format
 
-from .. import recording
+from ..capture_errors import capture_error, guarded
+from ..episode_context import current_episode
 from ..errors import MarftError
-from ..recording import capture_error, guarded
 from ..schema import utcnow
 from . import propagation as prop
 
@@ -171,7 +171,7 @@ class CaptureInterceptor(ClientCallInterceptor):
     async def before(self, args: Any) -> None:
         if args.method not in _SEND_METHODS:
             return
-        rec = recording.current_episode()
+        rec = current_episode()
         if rec is None:
             return
         with guarded("a2a.before", rec):

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import recording
-from ..recording import capture_error, guarded
+from ..capture_errors import capture_error, guarded
+from ..episode_context import current_episode
 from ..schema import utcnow
 from . import propagation as prop
 
@@ -107,7 +108,7 @@ def instrument_client(client: Any, agent: str | None = None, store: Any = None) 
     orig_sampling = client.sampling_callback
 
     async def call_tool(name: str, arguments: dict[str, Any] | None = None, *args: Any, **kw: Any) -> Any:
-        rec = recording.current_episode()
+        rec = current_episode()
         if rec is None:
             return await orig_call(name, arguments, *args, **kw)
         call = None
@@ -148,7 +149,7 @@ def instrument_client(client: Any, agent: str | None = None, store: Any = None) 
 
     async def sampling_callback(context: Any, params: Any) -> Any:
         call = _CALL.get()
-        rec = call.step.recorder if call is not None else recording.current_episode()
+        rec = call.step.recorder if call is not None else current_episode()
         started = utcnow()
         result = await orig_sampling(context, params)
         if rec is not None:

@@ -16,7 +16,7 @@ Where a call lands:
 - inside a LangChain chat-model call that the LangGraph capture is recording: the raw response is
   handed to that call (one action, with exact token data);
 - inside a captured framework task (a LangGraph node, an OpenAI Agents SDK run; integrations
-  register them with ``recording.register_task_context``): an action of that task's agent;
+  register them with ``episode_context.register_task_context``): an action of that task's agent;
 - inside ``marft_bridge.episode(...)``: an action whose agent is the model name (= adapter
   name), depending on earlier actions whose output text appears in its messages and, by
   tool-call id, on the action a tool message answers (the tool step that ran call X when one was
@@ -55,7 +55,8 @@ from datetime import datetime
 from typing import Any
 
 from .. import messages as msgs
-from ..recording import capture_error, current_episode, guarded, in_framework_task, record_in_framework_task
+from ..capture_errors import capture_error, guarded
+from ..episode_context import current_episode, in_framework_task, record_in_framework_task
 from ..registry_state import LiveVersions, live_versions
 from ..schema import utcnow
 from .openai_streams import STREAM_KEY, ResponsesStreamAccumulator, StreamAccumulator, atap, tap

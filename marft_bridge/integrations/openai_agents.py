@@ -38,9 +38,10 @@ import time
 from datetime import datetime
 from typing import Any
 
+from .. import episode_context
+from ..capture_errors import guarded
 from ..messages import arguments_json, canonical_arguments, tool_call
-from .. import recording
-from ..recording import EpisodeRecorder, guarded
+from ..recording import EpisodeRecorder
 from . import openai as oa
 
 _LOCK = threading.Lock()
@@ -185,7 +186,7 @@ def _make_processor() -> Any:
         def on_trace_start(self, trace: Any) -> None:
             with guarded("openai_agents.trace_start"):
                 cap = _capture_of_context()
-                rec = recording.current_episode()
+                rec = episode_context.current_episode()
                 if rec is not None:
                     run = _Run(rec, False, cap)
                 elif cap is not None:
@@ -295,8 +296,8 @@ def install(capture_of_context: Any = None) -> bool:
             return True
         _INSTALLED.append(True)
     agents.add_trace_processor(trace_processor())
-    recording.register_episode_finder(_find_episode)
-    recording.register_task_context(_in_task, _record)
+    episode_context.register_episode_finder(_find_episode)
+    episode_context.register_task_context(_in_task, _record)
     return True
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from ..recording import capture_error, guarded
+from ..capture_errors import capture_error, guarded
 
 # Key of the assembled stream response that carries what only the chunks showed.
 STREAM_KEY = "marft_stream"

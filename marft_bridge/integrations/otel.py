@@ -45,7 +45,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .. import messages as msgs
-from ..recording import capture_error, guarded
+from ..capture_errors import capture_error, guarded
 from ..schema import Episode
 from .otel_emit import SAMPLING_ATTRS as _SAMPLING
 from .otel_emit import SpanEmitter

@@ -6,7 +6,8 @@ import json
 from datetime import datetime
 from typing import Any
 
-from ..recording import add_episode_listener, guarded, remove_episode_listener
+from ..capture_errors import guarded
+from ..recording import add_episode_listener, remove_episode_listener
 from ..schema import Episode
 
 SAMPLING_ATTRS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "max_tokens": "max_tokens",

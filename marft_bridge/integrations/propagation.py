@@ -56,8 +56,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..capture_errors import capture_error, guarded
+from ..episode_context import FrameworkTask, current_framework_task
 from ..errors import RecordError
-from ..recording import EpisodeRecorder, FrameworkTask, capture_error, current_framework_task, guarded
+from ..recording import EpisodeRecorder
 from ..schema import MAX_NAME_CHARS
 
 log = logging.getLogger("marft_bridge.capture")

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .. import recording
+from ..capture_errors import guarded
 
 _OPEN: contextvars.ContextVar[capture | None] = contextvars.ContextVar("marft_open_capture", default=None)
 
@@ -43,7 +44,7 @@ def _open_capture() -> capture | None:
 
 def install_client_hooks() -> None:
     """Install the raw-client hooks whose packages are present (never raises into the app)."""
-    with recording.guarded("session.install"):
+    with guarded("session.install"):
         if "openai" in sys.modules or importlib.util.find_spec("openai") is not None:
             from . import openai as oa
 

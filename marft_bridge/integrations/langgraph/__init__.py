@@ -53,8 +53,8 @@ steps of its run (``metadata["dependency_source"]`` says which: ``"langgraph_cha
 uninstrumented and no ``capture()`` block is open. Channel kinds: ``channels.py``; the rules
 themselves: ``provenance.py`` (pure).
 
-Capture never breaks the app: every hook runs under ``recording.guarded`` (errors logged and
-counted in ``recording.capture_stats()``), and episodes are written through ``store.submit``.
+Capture never breaks the app: every hook runs under ``capture_errors.guarded`` (errors logged
+and counted in ``capture_errors.capture_stats()``), and episodes are written through ``store.submit``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
 
-from ...recording import capture_error, guarded, jsonable
+from ...capture_errors import capture_error, guarded
+from ...recording import jsonable
 from ...schema import utcnow
 from .. import openai as oa
 from . import convert, tools

@@ -14,7 +14,7 @@ import contextvars
 from collections.abc import Callable
 from typing import Any
 
-from ...recording import capture_error
+from ...capture_errors import capture_error
 from .provenance import Task, seen
 from .runs import TASKS, record_env
 

@@ -13,7 +13,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ...recording import EpisodeRecorder, capture_error
+from ...capture_errors import capture_error
+from ...recording import EpisodeRecorder
 from .. import openai as oa
 from . import callbacks, precision
 from .runs import RUN, CaptureHandler, _Run

@@ -18,7 +18,7 @@ import threading
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from ...recording import capture_error, guarded
+from ...capture_errors import capture_error, guarded
 from . import channels as kinds
 from . import futures
 from . import provenance as pv

@@ -16,8 +16,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from ... import recording
-from ...recording import EpisodeRecorder, guarded
+from ... import episode_context
+from ...capture_errors import guarded
+from ...recording import EpisodeRecorder
 from .provenance import EMPTY, Task, public_deps, seen
 
 # Write channels of LangGraph's own (the functional API's task result and error).
@@ -156,7 +157,7 @@ class CaptureHandler:
 
     def new_run(self, task_input: Any) -> _Run:
         """A run for one graph invocation; ``task_input`` is the raw input (stored JSON-safe)."""
-        rec = recording.current_episode()
+        rec = episode_context.current_episode()
         owned = rec is None
         if owned:
             rec = EpisodeRecorder(self.store, task=task_input, source=self.source, registry=self.registry)
@@ -259,7 +260,7 @@ def record_in_current_task(fields: dict[str, Any], started: datetime | None = No
 
 
 class _TaskHandle:
-    """The running task as ``recording.FrameworkTask``: what a protocol call step made in it needs."""
+    """The running task as ``episode_context.FrameworkTask``: what a protocol call step made in it needs."""
 
     __slots__ = ("_t",)
 
@@ -296,5 +297,5 @@ def _current_handle() -> _TaskHandle | None:
     return _TaskHandle(t) if t is not None else None
 
 
-recording.register_episode_finder(_current_recorder)
-recording.register_task_context(in_captured_task, record_in_current_task, _current_handle)
+episode_context.register_episode_finder(_current_recorder)
+episode_context.register_task_context(in_captured_task, record_in_current_task, _current_handle)

@@ -24,7 +24,7 @@ from typing import Any
 from uuid import UUID
 
 from ...messages import canonical_arguments
-from ...recording import capture_error
+from ...capture_errors import capture_error
 from ...schema import utcnow
 from . import convert
 from .provenance import Task
