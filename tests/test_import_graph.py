@@ -109,8 +109,8 @@ def cycle_edges(graph: dict[str, set[str]], comp: list[str]) -> list[str]:
 
 def test_the_reader_sees_relative_and_lazy_imports():
     g = edges(module_names())
-    # ``from ...recording import capture_error`` (relative, three levels) at module level ...
-    assert "marft_bridge.recording" in g["marft_bridge.integrations.langgraph.channels"]
+    # ``from ...capture_errors import capture_error`` (relative, three levels) at module level ...
+    assert "marft_bridge.capture_errors" in g["marft_bridge.integrations.langgraph.channels"]
     # ... ``from . import channels as kinds`` (a submodule by name) ...
     assert "marft_bridge.integrations.langgraph.channels" in g["marft_bridge.integrations.langgraph.precision"]
     # ... and ``from ...schema import utcnow`` inside a method.

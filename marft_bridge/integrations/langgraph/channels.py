@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ...recording import capture_error
+from ...capture_errors import capture_error
 
 # Names in ``langgraph.channels``; a name a LangGraph version lacks is skipped.
 REPLACE = ("LastValue", "LastValueAfterFinish", "AnyValue", "EphemeralValue", "UntrackedValue")
