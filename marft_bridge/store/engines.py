@@ -37,7 +37,7 @@ def normalize_url(url: str | os.PathLike | None) -> str:
 
 def create_engines(url: str) -> tuple[sa.Engine, sa.Engine]:
     """(writer, reader) engines. SQLite readers use plain deferred transactions in WAL mode; writers
-    issue their own BEGIN IMMEDIATE (``TraceStore._write_tx``)."""
+    issue their own BEGIN IMMEDIATE (``WriteTransactions.begin``)."""
     try:
         u = sa.make_url(url)
     except sa.exc.ArgumentError:
@@ -64,7 +64,7 @@ def create_engines(url: str) -> tuple[sa.Engine, sa.Engine]:
 
         @sa.event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn, _record):
-            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (below, or in _write_tx)
+            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (below, or in WriteTransactions.begin)
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")

@@ -1,4 +1,4 @@
-"""The store's relational layout (SQLAlchemy Core), shared by SQLite and PostgreSQL.
+"""The store's relational layout (SQLAlchemy Core), shared by SQLite and PostgreSQL, and ``create_schema``.
 
 Episodes, actions and rewards are normalized so late rewards and merged halves of an episode are
 plain inserts. Each row keeps its record as JSON text (``body``) for a lossless round trip — both
@@ -93,3 +93,17 @@ changes = sa.Table(
     sa.Column("kind", sa.String(16), nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
 )
+
+
+def create_schema(conn: sa.Connection) -> str | None:
+    """Create the missing tables in ``conn``'s transaction; returns the store schema version the
+    database was written with as stored (None for a fresh one, which is stamped with ours)."""
+    if conn.dialect.name == "postgresql":
+        # Serialize concurrent first opens of one fresh database.
+        conn.execute(sa.text("select pg_advisory_xact_lock(hashtext(current_schema() || '.marft_meta'))"))
+    metadata.create_all(conn, checkfirst=True)
+    row = conn.execute(sa.select(meta.c.value).where(meta.c.key == "store_schema_version")).first()
+    if row is None:
+        conn.execute(meta.insert().values(key="store_schema_version", value=str(STORE_SCHEMA_VERSION)))
+        return None
+    return row.value

@@ -12,7 +12,6 @@ see which episodes were added, merged or rewarded since they last looked.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import os
 import threading
@@ -27,17 +26,18 @@ from pydantic import ValidationError
 from ..errors import MarftError, RecordError
 from ..schema import Episode, Reward, parse_episode, record_error
 from . import tables as t
-from .engines import NEW_EPISODES, create_engines, normalize_url, short_error, sqlite_run, write_sql
+from .engines import NEW_EPISODES, create_engines, normalize_url, short_error
 from .files import export_episodes, import_file
+from .reads import READ_CHUNK, change_cursor, changes_after, dead_letter_list, load_episodes, store_stats, summary_rows
 from .records import DeadLetter, EpisodeNotFound, Refusal, WriteReport
-from .rows import Rows, episode_rows, filter_clauses, from_epoch, listing, merge_halves, reward_row, safe_dumps, to_data
+from .rows import Rows, episode_rows, filter_clauses, listing, merge_halves, reward_row, safe_dumps, to_data
+from .transactions import WriteTransactions
 from .writer import BackgroundWriter, Snapshot
 
 log = logging.getLogger("marft_bridge.store")
 
 # A dead letter keeps the raw record for inspection, but not an unbounded one.
 MAX_DEAD_LETTER_CHARS = 1_000_000
-_READ_CHUNK = 200
 
 
 class TraceStore:
@@ -55,11 +55,8 @@ class TraceStore:
         self._engine, self._reader = create_engines(url)
         # For display and logs: a password in the URL is masked.
         self.url = self._engine.url.render_as_string(hide_password=True)
-        self.is_postgres = self._engine.dialect.name == "postgresql"
-        # A new id inserts (and returns it); an existing one returns nothing and is merged instead.
-        dialect = importlib.import_module(f"sqlalchemy.dialects.{'postgresql' if self.is_postgres else 'sqlite'}")
-        insert_new = dialect.insert(t.episodes).on_conflict_do_nothing(index_elements=["id"]).returning(t.episodes.c.id)
-        self._sql = write_sql(self._engine.dialect, insert_new)
+        self._writes = WriteTransactions(self._engine)
+        self.is_postgres = self._writes.is_postgres
         self._init_schema()
 
     @classmethod
@@ -86,17 +83,11 @@ class TraceStore:
     def _init_schema(self) -> None:
         try:
             with self._write_tx() as conn:
-                if self.is_postgres:
-                    # Serialize concurrent first opens of one fresh database.
-                    conn.execute(sa.text("select pg_advisory_xact_lock(hashtext(current_schema() || '.marft_meta'))"))
-                t.metadata.create_all(conn, checkfirst=True)
-                row = conn.execute(sa.select(t.meta.c.value).where(t.meta.c.key == "store_schema_version")).first()
-                if row is None:
-                    conn.execute(t.meta.insert().values(key="store_schema_version", value=str(t.STORE_SCHEMA_VERSION)))
+                stored = t.create_schema(conn)
         except sa.exc.SQLAlchemyError as e:
             self._dispose()
             raise MarftError(f"cannot open trace store {self.url}: {short_error(e)}") from None
-        found = int(row.value) if row is not None else t.STORE_SCHEMA_VERSION
+        found = int(stored) if stored is not None else t.STORE_SCHEMA_VERSION
         if found != t.STORE_SCHEMA_VERSION:
             self._dispose()
             raise MarftError(
@@ -124,7 +115,7 @@ class TraceStore:
             except RecordError as e:
                 # Half of an episode may depend on actions of the stored half: judge the merge.
                 ep, rows, err = None, None, e
-            self._retry(lambda conn: self._write_episode_tx(conn, ep, rows, data, err))
+            self._writes.retry(lambda conn: self._write_episode_tx(conn, ep, rows, data, err))
         except RecordError as e:
             if record is not None and not (e.record or "").startswith(record):
                 e = RecordError(", ".join(p for p in (record, e.record) if p), e.field, e.reason)
@@ -165,7 +156,7 @@ class TraceStore:
         if not group:
             return
         try:
-            self._retry(lambda conn: self._write_new_episodes(conn, group))
+            self._writes.retry(lambda conn: self._write_new_episodes(conn, group))
             return
         except Exception as e:  # noqa: BLE001 - e.g. a merge that does not validate: one by one
             log.info("group write of %d episode(s) failed (%s); writing them one by one", len(group), e)
@@ -197,17 +188,17 @@ class TraceStore:
 
         def write_batch() -> None:
             if batch.episode:
-                self._insert(conn, NEW_EPISODES, batch.episode)
-            self._insert_children(conn, batch)
+                self._writes.insert(conn, NEW_EPISODES, batch.episode)
+            self._writes.insert_children(conn, batch)
             if changes:
-                self._log_changes(conn, changes)
+                self._writes.log_changes(conn, changes)
             batch.episode, batch.agents, batch.actions, batch.rewards = [], [], [], []
             changes.clear()
 
         now = time.time()
         for eid, rows, item in group:
             if self.is_postgres:
-                new = self._insert(conn, t.episodes, rows.episode) is not None
+                new = self._writes.insert(conn, t.episodes, rows.episode) is not None
             else:
                 new = eid not in stored
                 if new:
@@ -255,7 +246,7 @@ class TraceStore:
                 reward = Reward(value=value, agent=agent, action_id=action_id, source=source, metadata=meta)
             except ValidationError as e:
                 raise record_error(e, f"{name} reward") from None
-            self._retry(lambda conn: self._insert_reward(conn, episode_id, reward))
+            self._writes.retry(lambda conn: self._insert_reward(conn, episode_id, reward))
         except RecordError as e:
             self.dead_letter(e, safe_dumps(raw))
             raise
@@ -263,7 +254,7 @@ class TraceStore:
 
     def _insert_reward(self, conn: sa.Connection, episode_id: str, reward: Reward) -> None:
         name = f"episode {episode_id}"
-        row = conn.execute(self._lock_episode(episode_id)).first()
+        row = conn.execute(self._writes.lock_episode(episode_id)).first()
         if row is None:
             raise RecordError(name, None, "no such episode in the store")
         if reward.agent is not None:
@@ -280,50 +271,21 @@ class TraceStore:
             ).first()
             if known is None:
                 raise RecordError(name, "reward.action_id", f"unknown action id {reward.action_id!r}")
-        self._insert(conn, t.rewards, [reward_row(episode_id, row.n_rewards, reward)])
+        self._writes.insert(conn, t.rewards, [reward_row(episode_id, row.n_rewards, reward)])
         conn.execute(
             t.episodes.update().where(t.episodes.c.id == episode_id).values(n_rewards=row.n_rewards + 1)
         )
-        self._log_change(conn, episode_id, "reward")
+        self._writes.log_change(conn, episode_id, "reward")
 
-    def _retry(self, fn) -> None:
-        # A concurrent writer may insert the same new episode id first (PostgreSQL unique violation)
-        # or hold the SQLite lock past busy_timeout: retry the whole transaction, which then merges.
-        for attempt in range(5):
-            try:
-                with self._write_tx() as conn:
-                    fn(conn)
-                return
-            except (sa.exc.IntegrityError, sa.exc.OperationalError) as e:
-                if attempt == 4:
-                    raise MarftError(f"trace store write failed: {short_error(e)}") from None
-                time.sleep(0.05 * (attempt + 1))
-
-    @contextlib.contextmanager
-    def _write_tx(self) -> Iterator[sa.Connection]:
-        """A write transaction. SQLite takes the write lock at BEGIN (IMMEDIATE) so concurrent
-        merges cannot deadlock on a lock upgrade."""
-        with self._engine.begin() as conn:
-            if not self.is_postgres:
-                sqlite_run(conn, "BEGIN IMMEDIATE")
-            yield conn
-
-    def _insert(self, conn: sa.Connection, table: sa.Table | str, params: dict | list[dict]) -> Any:
-        """Run one of the write path's INSERTs; returns the first row a single insert RETURNs."""
-        if self.is_postgres:  # through SQLAlchemy, which also notices a dropped server connection
-            result = conn.exec_driver_sql(self._sql[table], params)
-            return result.first() if result.returns_rows else None
-        return sqlite_run(conn, self._sql[table], params)
-
-    def _lock_episode(self, episode_id: str) -> sa.Select:
-        q = sa.select(t.episodes.c.id, t.episodes.c.n_actions, t.episodes.c.n_rewards).where(t.episodes.c.id == episode_id)
-        return q.with_for_update() if self.is_postgres else q
+    def _write_tx(self) -> contextlib.AbstractContextManager[sa.Connection]:
+        """A write transaction (SQLite: the write lock is held from BEGIN)."""
+        return self._writes.begin()
 
     def _write_episode_tx(self, conn: sa.Connection, ep: Episode | None, rows: Rows | None, data: dict,
                           err: RecordError | None) -> None:
-        if rows is not None and self._insert(conn, t.episodes, rows.episode) is not None:
-            self._insert_children(conn, rows)
-            self._log_change(conn, ep.id, "add")
+        if rows is not None and self._writes.insert(conn, t.episodes, rows.episode) is not None:
+            self._writes.insert_children(conn, rows)
+            self._writes.log_change(conn, ep.id, "add")
             return
         eid = data.get("id")
         if not (isinstance(eid, str) and self._merge_tx(conn, eid, data)):
@@ -331,31 +293,16 @@ class TraceStore:
 
     def _merge_tx(self, conn: sa.Connection, eid: str, data: dict) -> bool:
         """Merge ``data`` into the stored episode ``eid``; False when it is not stored."""
-        if conn.execute(self._lock_episode(eid)).first() is None:
+        if conn.execute(self._writes.lock_episode(eid)).first() is None:
             return False
-        old = self._load(conn, [eid])[0]
+        old = load_episodes(conn, [eid])[0]
         merged, new_actions, new_rewards = merge_halves(old, data)
         rows = episode_rows(merged, new_actions, new_rewards, len(old.actions), len(old.rewards))
         rows.agents = [r for r in rows.agents if r["agent"] not in old.agents]
         conn.execute(t.episodes.update().where(t.episodes.c.id == eid).values(rows.episode))
-        self._insert_children(conn, rows)
-        self._log_change(conn, eid, "merge")
+        self._writes.insert_children(conn, rows)
+        self._writes.log_change(conn, eid, "merge")
         return True
-
-    def _insert_children(self, conn: sa.Connection, rows: Rows) -> None:
-        for table, batch in ((t.episode_agents, rows.agents), (t.actions, rows.actions), (t.rewards, rows.rewards)):
-            if batch:
-                self._insert(conn, table, batch)
-
-    def _log_change(self, conn: sa.Connection, episode_id: str, kind: str) -> None:
-        self._log_changes(conn, [{"episode_id": episode_id, "kind": kind, "created_at": time.time()}])
-
-    def _log_changes(self, conn: sa.Connection, rows: list[dict]) -> None:
-        if self.is_postgres:
-            # Sequence numbers are handed out at insert but become visible at commit; holding this
-            # lock to commit makes the visible order the seq order, so a poller never skips one.
-            conn.execute(sa.text(f"lock table {t.changes.name} in exclusive mode"))
-        self._insert(conn, t.changes, rows if len(rows) > 1 else rows[0])
 
     def dead_letter(self, err: RecordError, raw: Any) -> None:
         """Keep a refused record with the reason (``dead_letters()`` lists them); ``raw`` is the record
@@ -426,7 +373,7 @@ class TraceStore:
         """The stored episode (equal to the one added, merges and rewards included)."""
         self._check_open()
         with self._reader.connect() as conn:
-            found = self._load(conn, [episode_id])
+            found = load_episodes(conn, [episode_id])
         if not found:
             raise EpisodeNotFound(episode_id)
         return found[0]
@@ -459,32 +406,19 @@ class TraceStore:
         q = listing([t.episodes.c.id], filter_clauses(source, agent, since, until, has_reward), limit, newest_first)
         with self._reader.connect() as conn:
             ids = list(conn.execute(q).scalars())
-        for i in range(0, len(ids), _READ_CHUNK):
-            chunk = ids[i : i + _READ_CHUNK]
+        for i in range(0, len(ids), READ_CHUNK):
+            chunk = ids[i : i + READ_CHUNK]
             with self._reader.connect() as conn:
-                yield from self._load(conn, chunk)
+                yield from load_episodes(conn, chunk)
 
     def episode_rows(self, **filters: Any) -> list[dict]:
         """Summary rows (id, source, status, times, counts, agents) without loading the episodes."""
         self._check_open()
         limit = filters.pop("limit", None)
         newest_first = filters.pop("newest_first", False)
-        e = t.episodes.c
-        cols = [e.id, e.source, e.status, e.started_at, e.ended_at, e.n_actions, e.n_rewards]
-        q = listing(cols, filter_clauses(**filters), limit, newest_first)
+        where = filter_clauses(**filters)
         with self._reader.connect() as conn:
-            rows = [dict(r._mapping) for r in conn.execute(q)]
-            ids = [r["id"] for r in rows]
-            agents: dict[str, list[str]] = {}
-            for i in range(0, len(ids), _READ_CHUNK):
-                for eid, agent in conn.execute(
-                    sa.select(t.episode_agents.c.episode_id, t.episode_agents.c.agent).where(
-                        t.episode_agents.c.episode_id.in_(ids[i : i + _READ_CHUNK]))
-                ):
-                    agents.setdefault(eid, []).append(agent)
-        for r in rows:
-            r["agents"] = sorted(agents.get(r["id"], []))
-        return rows
+            return summary_rows(conn, where, limit, newest_first)
 
     def count(
         self,
@@ -503,84 +437,26 @@ class TraceStore:
     def stats(self) -> dict[str, Any]:
         """Counts: episodes, actions, rewards, dead letters, per agent and per source, time range."""
         self._check_open()
-        e, a = t.episodes.c, t.actions.c
-
-        def n(table: sa.Table) -> int:
-            return int(conn.execute(sa.select(sa.func.count()).select_from(table)).scalar_one())
-
         with self._reader.connect() as conn:
-            out: dict[str, Any] = {
-                "url": self.url,
-                "episodes": n(t.episodes),
-                "actions": n(t.actions),
-                "rewards": n(t.rewards),
-                "dead_letters": n(t.dead_letters),
-                "episodes_with_reward": int(
-                    conn.execute(sa.select(sa.func.count()).where(e.n_rewards > 0)).scalar_one()),
-                "dropped": self.dropped,
-            }
-            lo, hi = conn.execute(sa.select(sa.func.min(e.started_at), sa.func.max(e.started_at))).one()
-            out["first_started_at"] = from_epoch(lo)
-            out["last_started_at"] = from_epoch(hi)
-            out["sources"] = {s: int(c) for s, c in conn.execute(
-                sa.select(e.source, sa.func.count()).group_by(e.source).order_by(e.source))}
-            agents: dict[str, dict[str, int]] = {}
-            for name, c in conn.execute(sa.select(t.episode_agents.c.agent, sa.func.count()).group_by(t.episode_agents.c.agent)):
-                agents[name] = {"episodes": int(c), "actions": 0}
-            for name, c in conn.execute(sa.select(a.agent, sa.func.count()).group_by(a.agent)):
-                agents.setdefault(name, {"episodes": 0, "actions": 0})["actions"] = int(c)
-            out["agents"] = dict(sorted(agents.items()))
-        return out
+            return store_stats(conn, self.url, self.dropped)
 
     def dead_letters(self, limit: int | None = None) -> list[DeadLetter]:
         """Refused records, newest first."""
         self._check_open()
-        q = sa.select(t.dead_letters).order_by(t.dead_letters.c.seq.desc())
-        if limit is not None:
-            q = q.limit(limit)
         with self._reader.connect() as conn:
-            return [
-                DeadLetter(seq=r.seq, record=r.record, field=r.field, reason=r.reason, raw=r.raw,
-                           created_at=from_epoch(r.created_at))
-                for r in conn.execute(q)
-            ]
+            return dead_letter_list(conn, limit)
 
     def cursor(self) -> int:
         """The current position of the change log (pass it to ``changed_since`` later)."""
         self._check_open()
         with self._reader.connect() as conn:
-            return int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(t.changes.c.seq), 0))).scalar_one())
+            return change_cursor(conn)
 
     def changed_since(self, cursor: int, limit: int | None = None) -> tuple[int, list[str]]:
         """Episodes added, merged or rewarded after ``cursor``: (new cursor, ids in order of change)."""
         self._check_open()
-        q = sa.select(t.changes.c.seq, t.changes.c.episode_id).where(t.changes.c.seq > cursor).order_by(t.changes.c.seq)
-        if limit is not None:
-            q = q.limit(limit)
         with self._reader.connect() as conn:
-            rows = conn.execute(q).all()
-        if not rows:
-            return cursor, []
-        return rows[-1].seq, list(dict.fromkeys(r.episode_id for r in rows))
-
-    def _load(self, conn: sa.Connection, ids: list[str]) -> list[Episode]:
-        """Episodes for ``ids`` (in that order; missing ids are skipped)."""
-        if not ids:
-            return []
-        heads = dict(conn.execute(sa.select(t.episodes.c.id, t.episodes.c.body).where(t.episodes.c.id.in_(ids))).all())
-        parts: dict[str, tuple[list[str], list[str]]] = {i: ([], []) for i in heads}
-        for k, table in enumerate((t.actions, t.rewards)):
-            for eid, body in conn.execute(
-                sa.select(table.c.episode_id, table.c.body).where(table.c.episode_id.in_(ids))
-                .order_by(table.c.episode_id, table.c.seq)
-            ):
-                parts[eid][k].append(body)
-        # The stored JSON pieces are spliced into one document and parsed once (in Rust).
-        return [
-            Episode.model_validate_json(
-                f'{heads[i][:-1]},"actions":[{",".join(parts[i][0])}],"rewards":[{",".join(parts[i][1])}]}}')
-            for i in ids if i in heads
-        ]
+            return changes_after(conn, cursor, limit)
 
     # -- files ---------------------------------------------------------------------------------
 
