@@ -1,6 +1,6 @@
 """Checkpoint files: trainable weights, optimiser states and RNG states as safetensors, the rest as JSON.
 
-Layout of a checkpoint directory (the trainer adds ``adapters/``, peft dirs of every agent):
+Layout of a checkpoint directory (``save``: ``write``'s files plus ``adapters/``, peft dirs of every agent):
 
     weights.safetensors      name -> tensor (every LoRA weight and the value head)
     optimizers.safetensors   "<optimiser>/<param id>/<key>" -> tensor (AdamW moments, step)
@@ -23,6 +23,30 @@ from pathlib import Path
 import torch
 
 from ..errors import MarftError
+
+
+def save(trainer, directory) -> Path:
+    """A trainer's checkpoint: ``capture``, then ``write`` (rank 0 under fsdp2) and its adapters.
+    Under fsdp2 a collective: every rank calls it."""
+    snap = capture(trainer)
+    d = Path(directory)
+    if trainer.rank == 0 or not trainer.policy.sharded:
+        write(d, snap["weights"], snap["optim"], snap["rng"],
+              {"update_count": trainer.update_count, "agents": trainer.agents, "world": trainer.world,
+               "config": trainer.config.model_dump(mode="json")})
+    save_adapters(trainer.policy, d / "adapters", snap["weights"])  # fsdp2: no second gather
+    return d
+
+
+def load(trainer, directory) -> None:
+    """Restore what ``save`` wrote into ``trainer`` (same agents and model shapes required)."""
+    state, weights, optim, rng = read(directory, trainer.device)
+    if state["agents"] != trainer.agents:
+        raise MarftError(f"checkpoint {directory} is for agents {state['agents']}, this trainer has {trainer.agents}")
+    mine = trainer._named_weights()
+    if set(weights) != set(mine) or any(weights[n].shape != mine[n].shape for n in mine):
+        raise MarftError(f"checkpoint {directory} does not match this model/config (adapter weights differ)")
+    restore(trainer, {"weights": weights, "optim": optim, "rng": rng, "update_count": state["update_count"]})
 
 
 def capture(trainer) -> dict:

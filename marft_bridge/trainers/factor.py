@@ -151,6 +151,19 @@ def agent_graph_stats(present: list[str], agents: list[str], episodes: list[int]
     return stats
 
 
+def update_order(agents: list[str], stats: torch.Tensor, how: str, gen: torch.Generator) -> list[str]:
+    """The order the sequential update visits ``agents``: those with actions in ``stats``
+    (``agent_graph_stats``, summed over ranks), by D (``dependency``) or a seeded permutation."""
+    n = len(agents)
+    keep = [i for i in range(n) if stats[i, n] > 0]
+    present = [agents[i] for i in keep]
+    if how == "dependency":
+        first = stats[keep, n + 1] / stats[keep, n + 2].clamp(min=1)
+        return dependency_order(present, stats[keep][:, keep], first)
+    perm = torch.randperm(len(present), generator=gen).tolist()
+    return [present[i] for i in perm]
+
+
 def dependency_order(agents: list[str], edges: torch.Tensor, first_pos: torch.Tensor) -> list[str]:
     """A topological order of ``agents`` by D: ``edges[a, b]`` counts (ancestor of agent a, action of
     agent b) pairs within a round across the batch; ties (and cycles: agents that read each other

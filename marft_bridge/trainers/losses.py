@@ -17,6 +17,14 @@ from __future__ import annotations
 import torch
 
 
+def action_logprobs(token_logp: torch.Tensor, lens: list[int], reduction: str) -> torch.Tensor:
+    # MARFT-A surrogate's action log-prob: sum (or mean) of its token log-probs. M always sums.
+    sums = torch.stack([t.sum() for t in token_logp.split(lens)])
+    if reduction == "mean":
+        return sums / torch.tensor(lens, dtype=sums.dtype, device=sums.device)
+    return sums
+
+
 def behaviour_weights(prox_logp: torch.Tensor, beh_logp: torch.Tensor, cap: float) -> torch.Tensor:
     # w = min(exp(prox - beh), cap): corrects for traces sampled by an older adapter version.
     return torch.exp(prox_logp - beh_logp).clamp(max=cap)

@@ -29,7 +29,7 @@ Python API::
     trainer.load_adapters("registry/current")      # warm start from published <dir>/<agent>/ adapters
     trainer.save_checkpoint("run/ckpt"); trainer.load_checkpoint("run/ckpt")   # exact resume
 
-Every pass runs in token-budget micro-batches (``micro_batch_tokens``, microbatch.py); the
+Every pass runs in token-budget micro-batches (``micro_batch_tokens``, passes.py); the
 gradient passes accumulate over a minibatch, each loss term weighted by its share of the minibatch,
 so the step is that of the whole minibatch. Under ``torchrun`` / ``accelerate launch`` each rank
 trains on its share of the episodes (by episode, so all actions of one step stay together); the
@@ -37,7 +37,7 @@ shares are of the minibatch summed over all ranks and each adapter's gradients a
 flat all-reduce on the trainer's device (distributed.py): token-weighted averaging, and every rank
 ends each step with identical adapters. ``parallelism: fsdp2`` shards the base and the adapters
 instead (fsdp.py): the same losses and steps, FSDP reduce-scatters the gradients, and every pass runs
-as many micro-batches on every rank (a rank out of samples runs empty ones, ``_idle``).
+as many micro-batches on every rank (a rank out of samples runs empty ones: passes.py).
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import zlib
 from pathlib import Path
 
@@ -54,17 +53,17 @@ import torch
 from ..errors import MarftError
 from . import checkpoint
 from . import distributed as D
-from . import fsdp
 from . import losses as L
-from . import microbatch
 from .advantages import gae_along_d, successors
-from .batch import Batch, Sample, build_batch
+from .batch import Batch, build_batch
 from .config import MarftConfig
-from .critic import ValueHead, critic_params, features, values
-from .factor import agent_graph_stats, clip_factor, dependency_order, factor_sources, factor_stats, fold_factor
+from .critic import ValueHead, critic_params, values
+from .factor import agent_graph_stats, clip_factor, factor_sources, factor_stats, fold_factor, update_order
+from .passes import SamplePasses
 from .policy import CRITIC_ADAPTER, MultiAgentPolicy, pack, pick_device
-from .snapshot import RollbackSnapshot
+from .progress import ProgressBar
 from .rollout import RolloutPolicy, evaluate
+from .snapshot import RollbackSnapshot
 
 log = logging.getLogger("marft_bridge.trainers")
 
@@ -82,6 +81,7 @@ class MarftTrainer:
         if unknown:
             raise MarftError(f"frozen_agents names unknown agents: {sorted(unknown)}")
         self.head = ValueHead(self.policy.hidden_size).to(self.device)
+        self.passes = SamplePasses(self.policy, self.head, config, self.device)
         self.optims = {a: torch.optim.AdamW(self.policy.adapter_params(a), lr=config.lr, eps=1e-5,
                                             weight_decay=config.weight_decay) for a in self.policy.adapters}
         self.critic_optim = torch.optim.AdamW(critic_params(self.policy, self.head), lr=config.critic_lr, eps=1e-5,
@@ -110,11 +110,7 @@ class MarftTrainer:
 
     def train_on(self, episodes) -> dict:
         """One MARFT update on these episodes (list, or any iterable of Episode); returns its metrics."""
-        episodes = list(episodes)[self.rank::self.world]
-        p = self.policy
-        batch = build_batch(episodes, p.tokenizer, set(p.agents), p.vocab_size, p.max_context,
-                            self.config.default_temperature)
-        metrics = self._update(batch)
+        metrics = self._update(self._batch(list(episodes)[self.rank::self.world]))
         self.update_count += 1
         metrics["update"] = self.update_count
         self._guard_collapse(metrics)
@@ -132,13 +128,11 @@ class MarftTrainer:
         """Per episode id: sum over its trainable actions of log pi_current(y|o) - behaviour log-prob,
         the log weight of replaying that recorded episode under the current adapters (off-policy
         evaluation). Actions recorded without behaviour log-probs count as on-policy (0)."""
-        p = self.policy
-        batch = build_batch(list(episodes), p.tokenizer, set(p.agents), p.vocab_size, p.max_context,
-                            self.config.default_temperature)
+        batch = self._batch(list(episodes))
         out: dict[str, float] = {}
         for agent in self.agents:  # the same order on every rank (fsdp2 passes are collectives)
             ss = [s for s in batch.samples if s.agent == agent]
-            for s, lp in zip(ss, self._token_logprobs(p.adapter_of[agent], ss)):
+            for s, lp in zip(ss, self.passes.token_logprobs(self.policy.adapter_of[agent], ss)):
                 w = 0.0 if s.beh_logp is None else lp.sum().item() - sum(s.beh_logp)
                 out[s.episode_id] = out.get(s.episode_id, 0.0) + w
         return out
@@ -147,7 +141,7 @@ class MarftTrainer:
         """On-policy MARFT: each iteration rolls out fresh episodes with the current adapters, then updates."""
         n = episodes_per_iteration or self.config.batch_episodes
         history = []
-        with _progress(iterations, progress) as bar:
+        with ProgressBar(iterations, progress) as bar:
             for _ in range(iterations):
                 seed = self.config.seed * 1_000_003 + self.update_count  # from the counter: resumable
                 history.append(self.train_on(env_fn(RolloutPolicy(self), n, seed)))
@@ -162,7 +156,7 @@ class MarftTrainer:
             raise MarftError("no episodes to train on")
         n = min(self.config.batch_episodes, len(episodes))
         history = []
-        with _progress(iterations, progress) as bar:
+        with ProgressBar(iterations, progress) as bar:
             for _ in range(iterations):
                 start = (self.update_count * n) % len(episodes)
                 chunk = (episodes + episodes)[start:start + n]
@@ -186,81 +180,18 @@ class MarftTrainer:
 
     # -- one update ----------------------------------------------------------------------------------
 
-    def _plan(self, samples: list[Sample]) -> list[list[int]]:
-        """Micro-batches of ``samples`` (indices): padded tokens <= micro_batch_tokens, sorted by length."""
-        plan = microbatch.plan([len(s.obs_ids) + len(s.act_ids) for s in samples], self.config.micro_batch_tokens,
-                               self.config.forward_batch_size)
-        return fsdp.pad_plan(plan, self.device) if self.policy.sharded else plan  # fsdp2: as many on every rank
-
-    @torch.no_grad()
-    def _token_logprobs(self, adapter, samples: list[Sample]) -> list[torch.Tensor]:
-        """Per sample its (L_k,) token log-probs under ``adapter`` (None: the reference), micro-batched."""
-        out: list = [None] * len(samples)
-        for mb in self._plan(samples):
-            ss = [samples[i] for i in mb]
-            logp = self._forward(adapter, ss, grad=False)[0]
-            for i, lp in zip(mb, logp.split([len(s.act_ids) for s in ss])):
-                out[i] = lp
-        return out
-
-    def _forward(self, adapter, samples: list[Sample], grad: bool, entropy: bool = False):
-        packed = pack([s.obs_ids for s in samples], [s.act_ids for s in samples], self.policy.pad_id,
-                      self.device) if samples else self._empty_pack()
-        temp = torch.tensor([s.temperature for s in samples for _ in s.act_ids], device=self.device)
-        with torch.set_grad_enabled(grad):
-            logp, ent, h = self.policy.token_logprobs(adapter, packed, temp, with_entropy=entropy)
-        return logp, ent, packed, h
-
-    @torch.no_grad()
-    def _rollout_stats(self, samples: list[Sample]):
-        """Per-sample proximal and reference token log-probs, old values and, with a frozen critic
-        backbone, the critic's input features (taken from the reference pass: same base hidden states)."""
-        c, token_level = self.config, self.config.mode == "marft_t"
-        frozen = c.critic_backbone == "frozen"
-        n = len(samples)
-        prox, ref, vals, feats = [None] * n, [None] * n, [None] * n, [None] * n
-        by_adapter: dict[str, list[int]] = {a: [] for a in self.policy.adapters}  # every adapter: fsdp2 lockstep
-        for i, s in enumerate(samples):
-            by_adapter.setdefault(self.policy.adapter_of[s.agent], []).append(i)
-        for adapter, idx in by_adapter.items():
-            for plan in self._plan([samples[i] for i in idx]):
-                chunk = [idx[j] for j in plan]
-                ss = [samples[i] for i in chunk]
-                lens = [len(s.act_ids) for s in ss]
-                logp, _, packed, _ = self._forward(adapter, ss, grad=False)
-                logr, _, _, h_ref = self._forward(None, ss, grad=False)
-                if frozen:
-                    f = features(h_ref, packed, token_level)
-                    v = self.head(f)
-                    f = f.split(lens) if token_level else f.unbind(0)
-                else:
-                    v, f = values(self.policy, self.head, packed, token_level), [None] * len(chunk)
-                v = v.split(lens) if token_level else v.unbind(0)
-                for i, a, b, vv, ff in zip(chunk, logp.split(lens), logr.split(lens), v, f):
-                    prox[i], ref[i], vals[i], feats[i] = a, b, vv, ff
-        return prox, ref, vals, feats
-
-    def _reduce(self, tok: torch.Tensor, lens: list[int]) -> torch.Tensor:
-        # MARFT-A surrogate's action log-prob: sum (or mean) of its token log-probs. M always sums.
-        sums = torch.stack([t.sum() for t in tok.split(lens)])
-        if self.config.logprob_reduction == "mean":
-            return sums / torch.tensor(lens, dtype=sums.dtype, device=sums.device)
-        return sums
+    def _batch(self, episodes: list) -> Batch:
+        p = self.policy
+        return build_batch(episodes, p.tokenizer, set(p.agents), p.vocab_size, p.max_context,
+                           self.config.default_temperature)
 
     def _agent_order(self, batch: Batch, anc: tuple[torch.Tensor, torch.Tensor]) -> list[str]:
-        """Trained agents with samples (on any rank): by D (factor.dependency_order), or random."""
-        present = [a for a in self.policy.agents if a not in self.config.frozen_agents]
-        n = len(present)
-        stats = agent_graph_stats(present, [s.agent for s in batch.samples], [s.episode for s in batch.samples], anc)
+        """Trained agents with samples (on any rank), in the order factor.update_order picks."""
+        trained = [a for a in self.policy.agents if a not in self.config.frozen_agents]
+        stats = agent_graph_stats(trained, [s.agent for s in batch.samples], [s.episode for s in batch.samples], anc)
         if self.world > 1:
             stats = D.all_reduce_sum(stats, self.device)
-        keep = [i for i in range(n) if stats[i, n] > 0]
-        present = [present[i] for i in keep]
-        if self.config.agent_order == "dependency":
-            first = stats[keep, n + 1] / stats[keep, n + 2].clamp(min=1)
-            return dependency_order(present, stats[keep][:, keep], first)
-        perm = torch.randperm(len(present), generator=self.order_gen).tolist()
-        return [present[i] for i in perm]
+        return update_order(trained, stats, self.config.agent_order, self.order_gen)
 
     def _update(self, batch: Batch) -> dict:
         c = self.config
@@ -273,7 +204,7 @@ class MarftTrainer:
 
         # 1. Rollout statistics (no gradient): per sample (L_k,) proximal / reference token log-probs,
         #    old values ((L_k,) MARFT-T, () MARFT-A); behaviour log-probs from the trace, else proximal.
-        prox, ref, old_v, feats = self._rollout_stats(S)
+        prox, ref, old_v, feats = self.passes.rollout_stats(S)
         beh = [torch.tensor(s.beh_logp, dtype=torch.float32, device=self.device) if s.beh_logp is not None
                and len(s.beh_logp) == len(s.act_ids) else p for s, p in zip(S, prox)]
 
@@ -327,7 +258,7 @@ class MarftTrainer:
                             acc[k].append(v)
                         kls.append(stats["approx_kl"])
                     elif self.policy.sharded:
-                        self._idle(adapter)
+                        self.passes.idle(adapter)
                     self._step(params, self.optims[adapter], loss, m, f"policy {agent or adapter}",
                                f"policy.{adapter}")
                 if c.target_kl is not None and (kl := self._mean_all(kls)) > c.target_kl:
@@ -340,7 +271,7 @@ class MarftTrainer:
             # (A rank without this agent's samples still joins the pass: fsdp2 passes are collectives.)
             if agent is not None and g_i + 1 < len(groups) and c.factor_scope != "none":
                 with torch.no_grad():
-                    new_tok = self._token_logprobs(adapter, [S[i] for i in idx])  # (L_k,) per sample
+                    new_tok = self.passes.token_logprobs(adapter, [S[i] for i in idx])  # (L_k,) per sample
                     log_ratio = torch.zeros(K, dtype=torch.float64)  # (K,) sum new - sum prox, this agent's
                     if idx:
                         log_ratio[idx] = torch.stack([(t - prox[i]).sum() for i, t in zip(idx, new_tok)]).double().cpu()
@@ -358,7 +289,7 @@ class MarftTrainer:
                     loss = self._critic_backward(S, mb, feats, old_v, ret_s, token_level, units)
                     acc["value_loss"].append(loss * units / self._units(S, mb, token_level))  # local mean
                 elif self.policy.sharded and c.critic_backbone == "lora":
-                    self._idle(None, critic=True)
+                    self.passes.idle(None, critic=True)
                 self._step(critic, self.critic_optim, loss, m, "critic", "critic")
 
         # 5. Metrics: means over minibatches; M as each sample's update used it (quantiles, clipfrac).
@@ -394,14 +325,14 @@ class MarftTrainer:
         total, stats = 0.0, dict.fromkeys(("policy_loss", "kl_ref", "entropy", "approx_kl", "clipfrac",
                                            "behaviour_weight"), 0.0)
         with self.policy.grad_mode():
-            for plan in self._plan([S[i] for i in mb]):
+            for plan in self.passes.plan([S[i] for i in mb]):
                 sub = [mb[j] for j in plan]
                 if not sub:  # fsdp2: other ranks still have micro-batches
-                    self._idle(adapter, n=1)
+                    self.passes.idle(adapter, n=1)
                     continue
                 ss = [S[i] for i in sub]
                 lm = [len(s.act_ids) for s in ss]
-                new_tok, ent, _, _ = self._forward(adapter, ss, grad=True, entropy=True)  # (N,), (N,): N = sum L_b
+                new_tok, ent, _, _ = self.passes.forward(adapter, ss, grad=True, entropy=True)  # (N,): N = sum L_b
                 prox_tok = torch.cat([prox[i] for i in sub])  # (N,)
                 beh_tok = torch.cat([beh[i] for i in sub])  # (N,)
                 ref_tok = torch.cat([ref[i] for i in sub])  # (N,)
@@ -411,7 +342,7 @@ class MarftTrainer:
                     mfac = mfac.repeat_interleave(torch.tensor(lm, device=self.device))  # (N,)
                     a = torch.cat([adv_b[i] for i in sub])  # (N,)
                 else:  # MARFT-A: one PPO sample per action
-                    new, old, b = self._reduce(new_tok, lm), self._reduce(prox_tok, lm), self._reduce(beh_tok, lm)
+                    new, old, b = (L.action_logprobs(t, lm, c.logprob_reduction) for t in (new_tok, prox_tok, beh_tok))
                     a = torch.stack([adv_b[i] for i in sub])  # (B,)
                 su, st = new.numel() / units, new_tok.numel() / tokens  # shares of the minibatch (all ranks)
                 w = L.behaviour_weights(old, b, c.behaviour_weight_cap)  # w = min(exp(prox - beh), cap)
@@ -439,12 +370,12 @@ class MarftTrainer:
         """Backward of the minibatch's value loss (micro-batched through a LoRA critic backbone); its value."""
         c = self.config
         cat = torch.cat if token_level else torch.stack
-        plans = [list(range(len(mb)))] if feats[mb[0]] is not None else self._plan([S[i] for i in mb])
+        plans = [list(range(len(mb)))] if feats[mb[0]] is not None else self.passes.plan([S[i] for i in mb])
         total = 0.0
         for plan in plans:
             sub = [mb[j] for j in plan]
             if not sub:  # fsdp2: other ranks still have micro-batches
-                self._idle(None, n=1, critic=True)
+                self.passes.idle(None, n=1, critic=True)
                 continue
             if feats[sub[0]] is not None:  # frozen backbone: the reference pass's features, head only
                 v = self.head(cat([feats[i] for i in sub]))
@@ -459,22 +390,6 @@ class MarftTrainer:
             loss.backward()
             total += float(loss.detach())
         return total
-
-    def _idle(self, adapter, n: int | None = None, critic: bool = False) -> None:
-        """fsdp2: every forward and backward is a collective, so a rank out of samples runs ``n`` (None:
-        as many as the busiest rank) one-token gradient passes with a zero loss: FSDP's all-gathers and
-        the reduce-scatter of the adapter's (zero) gradients run as on the other ranks."""
-        for _ in range(len(self._plan([])) if n is None else n):
-            if critic:
-                out = values(self.policy, self.head, self._empty_pack(), False)
-            else:
-                with self.policy.grad_mode():
-                    out = self._forward(adapter, [], grad=True)[3]
-            (out.sum() * 0).backward()
-
-    def _empty_pack(self):
-        """An fsdp2 rank's padding micro-batch: token 0 as the observation, no action token."""
-        return pack([[0]], [[]], self.policy.pad_id, self.device)
 
     def _minibatches(self, idx: list[int], gen: torch.Generator) -> list[list[int]]:
         # Exactly num_minibatches chunks (some may be empty) so every DDP rank takes the same steps.
@@ -554,52 +469,11 @@ class MarftTrainer:
         return {**{f"policy.{a}": o for a, o in self.optims.items()}, "critic": self.critic_optim}
 
     def save_checkpoint(self, directory) -> Path:
-        """Adapters (peft dirs), all trainable weights, optimiser states, RNG states and counters."""
-        snap = checkpoint.capture(self)  # fsdp2: a collective (every rank gathers), rank 0 writes
-        d = Path(directory)
-        if self.rank == 0 or not self.policy.sharded:
-            checkpoint.write(d, snap["weights"], snap["optim"], snap["rng"],
-                             {"update_count": self.update_count, "agents": self.agents, "world": self.world,
-                              "config": self.config.model_dump(mode="json")})
-        checkpoint.save_adapters(self.policy, d / "adapters", snap["weights"])  # fsdp2: no second gather
-        return d
+        """Adapters (peft dirs), all trainable weights, optimiser states, RNG states and counters
+        (checkpoint.py; under fsdp2 every rank calls it, rank 0 writes)."""
+        return checkpoint.save(self, directory)
 
     def load_checkpoint(self, directory) -> None:
         """Restore exactly what ``save_checkpoint`` wrote (same agents and model shapes required)."""
-        state, weights, optim, rng = checkpoint.read(directory, self.device)
-        if state["agents"] != self.agents:
-            raise MarftError(f"checkpoint {directory} is for agents {state['agents']}, this trainer has {self.agents}")
-        mine = self._named_weights()
-        if set(weights) != set(mine) or any(weights[n].shape != mine[n].shape for n in mine):
-            raise MarftError(f"checkpoint {directory} does not match this model/config (adapter weights differ)")
-        checkpoint.restore(self, {"weights": weights, "optim": optim, "rng": rng,
-                                  "update_count": state["update_count"]})
+        checkpoint.load(self, directory)
         self._stable.take(self._groups())
-
-
-class _progress:
-    """A rich progress bar showing reward, KL, entropy and value loss (a no-op when disabled)."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled = total, enabled
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.bar = Progress(TextColumn("[bold]MARFT"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                TextColumn("{task.fields[stats]}"))
-            self.bar.start()
-            self.task = self.bar.add_task("train", total=self.total, stats="")
-        return self
-
-    def __call__(self, m: dict) -> None:
-        if self.enabled:
-            fmt = lambda x: f"{x:.3f}" if isinstance(x, float) and math.isfinite(x) else str(x)  # noqa: E731
-            stats = (f"reward {fmt(m['reward_mean'])}  kl {fmt(m['kl_ref'])}  entropy {fmt(m['entropy'])}  "
-                     f"value_loss {fmt(m['value_loss'])}")
-            self.bar.update(self.task, advance=1, stats=stats)
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            self.bar.stop()
