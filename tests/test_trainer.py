@@ -98,8 +98,8 @@ def test_training_a_leaves_b_bit_identical(model_dir, tmp_path):
 
 
 def _all_state(tr):
-    w = {n: p.detach().clone() for n, p in tr._named_weights().items()}
-    opt = {k: o.state_dict() for k, o in tr._optimizers().items()}
+    w = {n: p.detach().clone() for n, p in tr.named_weights().items()}
+    opt = {k: o.state_dict() for k, o in tr.optimizers().items()}
     return w, opt
 
 
@@ -160,7 +160,7 @@ def test_injected_nan_is_skipped_and_logged(model_dir, monkeypatch, caplog):
     assert m["skipped_nonfinite"] == 1 and not m["rolled_back"]
     assert same(weights(tr, first), before[first])  # its only step was skipped
     assert not same(weights(tr, second), before[second])
-    assert all(torch.isfinite(p).all() for p in tr._trainable())
+    assert all(torch.isfinite(p).all() for p in tr.trainable())
     assert "non-finite policy" in caplog.text
 
 

@@ -216,7 +216,7 @@ def initial(model_dir):
 
     tr = MarftTrainer(MarftConfig(critic_backbone="lora", target_modules=["q_proj", "v_proj", "o_proj"]), model_dir,
                       agents=["a", "b"])
-    return {n: p.detach().clone() for n, p in tr._named_weights().items()}
+    return {n: p.detach().clone() for n, p in tr.named_weights().items()}
 
 
 @pytest.mark.parametrize("mode", ["marft_a", "marft_t"])
@@ -225,7 +225,7 @@ def test_micro_batched_update_equals_the_unbatched_one(tiny_model_dir, episodes,
     # 1-token budget: every sequence is its own micro-batch in every pass (gradients accumulate over ~6).
     many, m2 = trained(tiny_model_dir, episodes, mode=mode, micro_batch_tokens=1, forward_batch_size=1000,
                        gradient_checkpointing=True, logits_chunk_tokens=2)
-    w1, w2 = one._named_weights(), many._named_weights()
+    w1, w2 = one.named_weights(), many.named_weights()
     assert w1.keys() == w2.keys() and any("marft_critic" in n for n in w1)
     # Float tolerance after 4 AdamW steps of lr 1e-2: summation order differs, and Adam's g / sqrt(v)
     # magnifies rounding in near-zero gradients to ~1e-5 (0.1% of one step); the updates are ~1e-2.

@@ -43,7 +43,7 @@ def load(trainer, directory) -> None:
     state, weights, optim, rng = read(directory, trainer.device)
     if state["agents"] != trainer.agents:
         raise MarftError(f"checkpoint {directory} is for agents {state['agents']}, this trainer has {trainer.agents}")
-    mine = trainer._named_weights()
+    mine = trainer.named_weights()
     if set(weights) != set(mine) or any(weights[n].shape != mine[n].shape for n in mine):
         raise MarftError(f"checkpoint {directory} does not match this model/config (adapter weights differ)")
     restore(trainer, {"weights": weights, "optim": optim, "rng": rng, "update_count": state["update_count"]})
@@ -59,7 +59,7 @@ def capture(trainer) -> dict:
         return full(x).detach().to("cpu", copy=True) if torch.is_tensor(x) else x
 
     optim = {}
-    for k, o in trainer._optimizers().items():
+    for k, o in trainer.optimizers().items():
         sd = o.state_dict()
         optim[k] = {"state": {i: {n: host(v) for n, v in st.items()} for i, st in sd["state"].items()},
                     "param_groups": copy.deepcopy(sd["param_groups"])}
@@ -75,7 +75,7 @@ def capture(trainer) -> dict:
         ranks: list = [None] * trainer.world
         dist.all_gather_object(ranks, rng)
         rng = {**ranks[0], **{f"rank{r}/{k}": v for r in range(1, trainer.world) for k, v in ranks[r].items()}}
-    return {"weights": {n: host(p) for n, p in trainer._named_weights().items()}, "optim": optim, "rng": rng,
+    return {"weights": {n: host(p) for n, p in trainer.named_weights().items()}, "optim": optim, "rng": rng,
             "update_count": trainer.update_count}
 
 
@@ -84,9 +84,9 @@ def restore(trainer, snap: dict) -> None:
     each rank keeps its shard."""
     from .fsdp import copy_full_, load_optimizer
 
-    for n, p in trainer._named_weights().items():
+    for n, p in trainer.named_weights().items():
         copy_full_(p, snap["weights"][n])
-    for k, o in trainer._optimizers().items():
+    for k, o in trainer.optimizers().items():
         load_optimizer(o, snap["optim"][k])  # load_state_dict copies what it keeps
     own = {k.split("/", 1)[1]: v for k, v in snap["rng"].items() if k.startswith(f"rank{trainer.rank}/")}
     rng = {**snap["rng"], **own}  # this rank's states where the checkpoint has them, else rank 0's

@@ -435,7 +435,7 @@ class MarftTrainer:
             reasons.append(f"entropy {m['entropy']:.4g} < {c.collapse_entropy_min}")
         if c.collapse_ref_kl_max is not None and not m["kl_ref"] <= c.collapse_ref_kl_max:
             reasons.append(f"KL to reference {m['kl_ref']:.4g} > {c.collapse_ref_kl_max}")
-        if not D.all_finite(self._trainable(), self.device):
+        if not D.all_finite(self.trainable(), self.device):
             reasons.append("non-finite weights")
         m["rolled_back"] = bool(reasons)
         if reasons:
@@ -448,10 +448,12 @@ class MarftTrainer:
 
     # -- state: snapshot, checkpoint, resume ----------------------------------------------------------
 
-    def _trainable(self) -> list[torch.nn.Parameter]:
+    def trainable(self) -> list[torch.nn.Parameter]:
+        """Every trained parameter: the LoRA weights of all adapters and the value head."""
         return [p for n, p in self.policy.model.named_parameters() if "lora_" in n] + list(self.head.parameters())
 
-    def _named_weights(self) -> dict[str, torch.Tensor]:
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """The trained parameters by name, as checkpoints store them."""
         out = {n: p for n, p in self.policy.model.named_parameters() if "lora_" in n}
         out.update({f"value_head.{n}": p for n, p in self.head.named_parameters()})
         return out
@@ -465,7 +467,8 @@ class MarftTrainer:
         out["critic"] = (critic, self.critic_optim)
         return out
 
-    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Each adapter's optimiser and the critic's, by checkpoint key."""
         return {**{f"policy.{a}": o for a, o in self.optims.items()}, "critic": self.critic_optim}
 
     def save_checkpoint(self, directory) -> Path:
