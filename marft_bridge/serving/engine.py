@@ -6,12 +6,13 @@ runs all rows at once, each row with its own adapter (peft's mixed-batch ``adapt
 Finished rows leave after each step.
 
 A request's adapter version is bound when it joins the batch and never changes. Each loaded version
-gets its own internal peft adapter slot (``<agent>#k``): a swap, applied between decode steps,
-loads the new version into a slot and flips the route, so later requests get it, while requests in
-flight keep the old weights until they finish. A replaced slot no request uses any more is kept
-as the agent's spare (one per agent): the next swap of that agent with the same LoRA shape copies
-its weights into the spare instead of building new modules, so decoding pauses for a weight copy
-rather than a full peft load (``benchmarks/hotswap.py`` times both). Other replaced slots are deleted.
+gets its own internal peft adapter slot (``<agent>#k``; ``adapter_slots.py`` keeps them): a swap,
+applied between decode steps, loads the new version into a slot and flips the route, so later
+requests get it, while requests in flight keep the old weights until they finish. A replaced slot
+no request uses any more is kept as the agent's spare (one per agent): the next swap of that agent
+with the same LoRA shape copies its weights into the spare instead of building new modules, so
+decoding pauses for a weight copy rather than a full peft load (``benchmarks/hotswap.py`` times
+both). Other replaced slots are deleted.
 
 Faults stay with the request that caused them: a request whose setup, prefill, sampling or
 detokenising fails gets its error and leaves; the other rows go on untouched (each samples with its
@@ -21,91 +22,27 @@ the loop restarts; ``health()`` counts the restarts and keeps the last fault.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import queue
 import random
 import threading
 import time
-import warnings
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import MarftError
 from .adapter_files import WEIGHTS_FILE, AdapterError, base_fingerprint, check_against_base, inspect_adapter
+from .adapter_slots import AdapterSlots, Slot
 from .batching import Batch, RowState
+from .engine_types import GenerationRequest, GenerationResult, RequestError, TokenEvent, UnknownAdapter, WorkerFault
 
 log = logging.getLogger(__name__)
 MAX_SEED = 2**63 - 1  # the seed range vLLM and OpenAI accept
 
 BASE_ROW = "__base__"  # peft's name for "no adapter" in a mixed batch
-# LoraConfig fields that do not change an adapter's modules: a spare slot with the same rest can take it.
-_SLOT_FREE_FIELDS = {"base_model_name_or_path", "revision", "inference_mode"}
 _WAKE = object()  # queued with each swap so an idle worker wakes up to run it
-
-
-class UnknownAdapter(MarftError):
-    """A request named an adapter that is not loaded."""
-
-
-class RequestError(MarftError):
-    """A request the engine cannot serve as asked (too long, bad settings); ``param`` names the field."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.param, self.code = param, code
-
-
-class WorkerFault(MarftError):
-    """The engine's worker failed while this request was in flight; the worker was restarted."""
-
-
-@dataclass
-class GenerationRequest:
-    """One completion to generate. ``adapter`` None means the base model."""
-
-    prompt_ids: list[int]
-    adapter: str | None = None
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    top_logprobs: int = 0
-    # Called from the worker thread with ("start", (name, version)), ("token", TokenEvent),
-    # ("done", GenerationResult) or ("error", exception).
-    sink: Callable[[str, Any], None] | None = None
-
-
-@dataclass
-class TokenEvent:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]
-    text_delta: str
-
-
-@dataclass
-class GenerationResult:
-    prompt_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    top_logprobs: list[list[tuple[int, float]]]
-    text: str
-    finish_reason: str  # "stop" or "length"
-    adapter: str
-    version: int | None
-
-
-@dataclass
-class _Slot:
-    name: str
-    version: int | None
-    internal: str
-    path: str
 
 
 class AdapterEngine:
@@ -139,7 +76,6 @@ class AdapterEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(self.base_path)
         model = AutoModelForCausalLM.from_pretrained(self.base_path, dtype=getattr(torch, dtype))
         self._base = model.eval()
-        self._peft = None  # becomes a PeftModel wrapping _base at the first adapter load
         self._base_modules = {
             n: (m.in_features, m.out_features) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
         }
@@ -147,25 +83,30 @@ class AdapterEngine:
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 2048))
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_id = self.tokenizer.eos_token_id
-        self._routes: dict[str, _Slot] = {}  # read by request threads, replaced only by the worker
-        # Slots out of service -> whether one may become its agent's spare (a replaced version may;
-        # an unloaded agent's or a failed load's may not); handled once no running request uses them.
-        self._retired: dict[str, bool] = {}
-        self._spares: dict[str, str] = {}  # agent -> an unrouted, unused slot of its, ready for the next swap
         self._batch: Batch | None = None  # the running batch, owned by the worker thread
         self._pending: list[GenerationRequest] = []  # gathered, not yet admitted (failed too if the worker faults)
         self._last_fault: dict | None = None
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
-        self._counter = itertools.count(1)
         self._queue: queue.Queue = queue.Queue()  # requests (and wake-ups)
         self._ops: queue.Queue = queue.Queue()  # swaps: never stuck behind requests when the batch is full
         self._stop = threading.Event()
         self.stats = {"batches": 0, "rows": 0, "steps": 0, "swaps_in_place": 0, "request_failures": 0,
                       "worker_restarts": 0}
+        self._slots = AdapterSlots(self._base, self._slots_in_use, self.stats)
         self._worker = threading.Thread(target=self._run, name="marft-engine", daemon=True)
         self._worker.start()
 
     # -- adapters --------------------------------------------------------------------------------
+    @property
+    def _routes(self) -> dict[str, Slot]:
+        """Agent name -> the slot serving it now."""
+        return self._slots.routes
+
+    @property
+    def _peft(self):
+        """The PeftModel wrapping the base model, None until the first adapter load."""
+        return self._slots.peft
+
     def adapters(self) -> dict[str, tuple[int | None, str]]:
         """Loaded adapters: name -> (version, path)."""
         return {n: (s.version, s.path) for n, s in dict(self._routes).items()}
@@ -203,7 +144,7 @@ class AdapterEngine:
 
         # Read here, in the caller's thread: the worker only copies them in (when a spare slot fits).
         config, weights = LoraConfig.from_pretrained(str(path)), load_file(str(Path(path) / WEIGHTS_FILE))
-        return self._between_steps(lambda: self._do_load(name, str(path), version, load_inplace, config, weights))
+        return self._between_steps(lambda: self._slots.load(name, str(path), version, load_inplace, config, weights))
 
     def load_current(self) -> dict[str, str]:
         """Load the current version of every agent in the registry; returns agent -> "v<N>" or the
@@ -223,7 +164,7 @@ class AdapterEngine:
     def unload_adapter(self, name: str) -> None:
         if name not in self._routes:
             raise UnknownAdapter(f"adapter {name!r} is not loaded")
-        self._between_steps(lambda: self._do_unload(name))
+        self._between_steps(lambda: self._slots.unload(name))
 
     def _between_steps(self, op: Callable[[], Any]) -> Any:
         """Run ``op`` on the worker thread between two decode steps and return its result."""
@@ -232,87 +173,9 @@ class AdapterEngine:
         self._queue.put(_WAKE)  # an idle worker waits on the request queue
         return fut.result()
 
-    def _do_load(self, name: str, path: str, version: int | None, load_inplace: bool, config: Any,
-                 weights: dict) -> int | None:
-        from peft import PeftModel
-
-        if name in self._routes and not load_inplace:
-            raise AdapterError(f"adapter {name!r} is already loaded; pass load_inplace=true to replace it")
-        internal = self._fill_spare(name, config, weights)
-        if internal is None:
-            internal = f"{name}#{next(self._counter)}"
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", FutureWarning)  # transformers deprecation noise from inside peft
-                    if self._peft is None:
-                        self._peft = PeftModel.from_pretrained(self._base, path, adapter_name=internal, is_trainable=False)
-                        self._peft.eval()
-                    else:
-                        self._peft.load_adapter(path, adapter_name=internal, is_trainable=False)
-            except Exception as e:  # peft's own errors: report them as a refusal, keep serving the old one
-                self._delete_internal(internal)
-                raise AdapterError(f"{path}: peft could not load the adapter ({type(e).__name__}: {e})") from None
-        old = self._routes.get(name)
-        routes = dict(self._routes)
-        routes[name] = _Slot(name, version, internal, path)
-        self._routes = routes  # one assignment: request threads see the old or the new table
-        if old is not None:
-            self._delete_internal(old.internal, spare=True)
-        return version
-
-    def _fill_spare(self, name: str, config: Any, weights: dict) -> str | None:
-        """Copy ``weights`` into ``name``'s spare slot when its LoRA shape matches; the slot, or None."""
-        from peft import set_peft_model_state_dict
-
-        spare = self._spares.pop(name, None)
-        if spare is None:
-            return None
-        if _slot_shape(self._peft.peft_config[spare]) == _slot_shape(config):
-            try:
-                set_peft_model_state_dict(self._peft, weights, adapter_name=spare)
-                self.stats["swaps_in_place"] += 1
-                return spare
-            except Exception:  # noqa: BLE001 - the spare may be half-written: drop it, load afresh
-                pass
-        self._delete_internal(spare)  # another shape, or a failed copy: of no use
-        return None
-
-    def _do_unload(self, name: str) -> None:
-        routes = dict(self._routes)
-        slot = routes.pop(name, None)
-        if slot is None:
-            raise UnknownAdapter(f"adapter {name!r} is not loaded")
-        self._routes = routes
-        spare = self._spares.pop(name, None)
-        if spare is not None:
-            self._retired[spare] = False
-        self._delete_internal(slot.internal)
-
-    def _delete_internal(self, internal: str, spare: bool = False) -> None:
-        """Take a slot out of service; with ``spare`` it may be kept as its agent's spare."""
-        if self._peft is None or internal not in self._peft.peft_config:
-            return
-        self._retired[internal] = spare
-        self._collect_retired()
-
-    def _collect_retired(self) -> None:
-        """Once no running request uses a replaced slot, keep it as its agent's spare (while the
-        agent is loaded and has none) or delete it."""
-        live = {s.internal for s in self._routes.values()}
-        in_use = {r.slot.internal for r in self._batch.rows if r.slot} if self._batch else set()
-        if not live:
-            return  # peft cannot lose its last adapter: keep it until another one arrives
-        # Point peft's "active" adapter at a live one first, so no deletion hits the active one.
-        self._peft.base_model.set_adapter(sorted(live)[0])
-        for old, may_spare in list(self._retired.items()):
-            if old in in_use:
-                continue
-            del self._retired[old]
-            agent = old.rpartition("#")[0]
-            if may_spare and agent in self._routes and agent not in self._spares:
-                self._spares[agent] = old
-            elif old in self._peft.peft_config:
-                self._peft.delete_adapter(old)
+    def _slots_in_use(self) -> set[str]:
+        """The adapter slots the running batch's rows are bound to."""
+        return {r.slot.internal for r in self._batch.rows if r.slot} if self._batch else set()
 
     # -- generation ------------------------------------------------------------------------------
     @property
@@ -441,7 +304,7 @@ class AdapterEngine:
                     break
         return new
 
-    def _bind(self, req: GenerationRequest) -> _Slot | None:
+    def _bind(self, req: GenerationRequest) -> Slot | None:
         if req.adapter is None or req.adapter == self.base_name:
             return None
         slot = self._routes.get(req.adapter)
@@ -577,13 +440,8 @@ class AdapterEngine:
                 self._batch = None
             elif len(keep) < len(b.rows):
                 b.select(keep)
-        if self._retired:
-            self._collect_retired()
-
-
-def _slot_shape(config: Any) -> dict:
-    """What of a LoraConfig shapes its modules (rank, targets, ...): equal shapes share a slot."""
-    return {k: v for k, v in config.to_dict().items() if k not in _SLOT_FREE_FIELDS}
+        if self._slots.retired:
+            self._slots.collect_retired()
 
 
 def _finite(x: float) -> float:
@@ -603,6 +461,6 @@ def _emit(req: GenerationRequest, kind: str, payload: Any) -> None:
 @dataclass
 class _Row:
     req: GenerationRequest
-    slot: _Slot | None  # bound when the request joins the batch; never changes afterwards
+    slot: Slot | None  # bound when the request joins the batch; never changes afterwards
     state: RowState
     gen: Any  # torch.Generator

@@ -29,7 +29,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .adapter_files import AdapterError
-from .engine import AdapterEngine, GenerationRequest, RequestError, UnknownAdapter
+from .engine import AdapterEngine
+from .engine_types import GenerationRequest, RequestError, UnknownAdapter
 from .requests import (ChatRequest, CompletionRequest, LoadAdapterRequest, NamedToolChoice, SamplingBody,
                        UnloadAdapterRequest, template_messages)
 from .tool_calls import HermesParser
@@ -210,6 +211,22 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
     def sse(obj) -> str:
         return f"data: {json.dumps(obj)}\n\n"
 
+    async def sse_stream(chunks, rid: str):
+        """A streamed response: each chunk as an event, then ``[DONE]``. A failure after the stream
+        has started (its 200 is sent) goes in the stream as an OpenAI-shaped error event."""
+        try:
+            async for obj in chunks:
+                yield sse(obj)
+        except APIError as e:
+            if e.status >= 500:
+                log.error("request %s: %s", rid, e.message)
+            yield sse(_error_body(e))
+        except Exception:  # noqa: BLE001 - the stream has started: the error goes in it, as JSON
+            log.exception("request %s: stream failed", rid)
+            yield sse(_error_body(APIError(500, f"internal server error (request id {rid})", "server_error",
+                                           code="internal_error")))
+        yield "data: [DONE]\n\n"
+
     # -- endpoints -------------------------------------------------------------------------------
     @app.get("/health")
     async def health():
@@ -267,8 +284,8 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
         req = gen_request(body, prompt_ids, top_n, "messages")
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
-            return StreamingResponse(chat_stream(submit(req), req, body, cid, created, request.state.request_id),
-                                     media_type="text/event-stream")
+            return StreamingResponse(sse_stream(chat_chunks(submit(req), req, body, cid, created),
+                                                request.state.request_id), media_type="text/event-stream")
         adapter, res = await run(req)
         message = {"role": "assistant", "content": res.text}
         finish = res.finish_reason
@@ -291,7 +308,7 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
         }
         return whole("chat.completion", cid, created, body, choice, adapter, res)
 
-    async def chat_stream(events, req, body: ChatRequest, cid: str, created: int, rid: str):
+    async def chat_chunks(events, req, body: ChatRequest, cid: str, created: int):
         adapter = None
         parser = tool_parser(body)
         n_calls = 0
@@ -310,41 +327,31 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
                 n_calls += len(calls)
             return delta
 
-        try:
-            while True:
-                kind, payload = await next_event(events)
-                if kind == "start":
-                    adapter = {"name": payload[0], "version": payload[1]}
-                    first = chunk({"role": "assistant", "content": ""})
-                    if body.return_token_ids:
-                        first["prompt_token_ids"] = req.prompt_ids
-                    yield sse(first)
-                elif kind == "token":
-                    # Every sampled token gets its chunk (its id and log-prob), text held inside a call or not.
-                    delta = delta_of(*parser.feed(payload.text_delta)) if parser else {"content": payload.text_delta}
-                    lp = {"content": [content_entry(payload.token_id, payload.logprob, payload.top)]} if body.logprobs else None
-                    yield sse(chunk(delta, logprobs=lp, token_ids=[payload.token_id] if body.return_token_ids else None))
-                else:
-                    finish = payload.finish_reason
-                    if parser:
-                        text, calls = parser.finish()
-                        if text or calls:
-                            yield sse(chunk(delta_of(text, calls)))
-                        count_tools(body, parser)
-                        finish = "tool_calls" if parser.calls else finish
-                    yield sse(chunk({}, finish=finish))
-                    if body.stream_options and body.stream_options.include_usage:
-                        yield sse(envelope("chat.completion.chunk", cid, created, body, [], adapter, usage=usage(payload)))
-                    break
-        except APIError as e:
-            if e.status >= 500:
-                log.error("request %s: %s", rid, e.message)
-            yield sse(_error_body(e))
-        except Exception:  # noqa: BLE001 - the stream has started: the error goes in it, as JSON
-            log.exception("request %s: stream failed", rid)
-            yield sse(_error_body(APIError(500, f"internal server error (request id {rid})", "server_error",
-                                           code="internal_error")))
-        yield "data: [DONE]\n\n"
+        while True:
+            kind, payload = await next_event(events)
+            if kind == "start":
+                adapter = {"name": payload[0], "version": payload[1]}
+                first = chunk({"role": "assistant", "content": ""})
+                if body.return_token_ids:
+                    first["prompt_token_ids"] = req.prompt_ids
+                yield first
+            elif kind == "token":
+                # Every sampled token gets its chunk (its id and log-prob), text held inside a call or not.
+                delta = delta_of(*parser.feed(payload.text_delta)) if parser else {"content": payload.text_delta}
+                lp = {"content": [content_entry(payload.token_id, payload.logprob, payload.top)]} if body.logprobs else None
+                yield chunk(delta, logprobs=lp, token_ids=[payload.token_id] if body.return_token_ids else None)
+            else:
+                finish = payload.finish_reason
+                if parser:
+                    text, calls = parser.finish()
+                    if text or calls:
+                        yield chunk(delta_of(text, calls))
+                    count_tools(body, parser)
+                    finish = "tool_calls" if parser.calls else finish
+                yield chunk({}, finish=finish)
+                if body.stream_options and body.stream_options.include_usage:
+                    yield envelope("chat.completion.chunk", cid, created, body, [], adapter, usage=usage(payload))
+                break
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -376,42 +383,31 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
         if body.stream:
             events = submit(req)  # before the response starts, so a bad model name still gets its 404
 
-            async def stream():
+            async def chunks():
                 adapter = None
-                try:
-                    while True:
-                        kind, payload = await next_event(events)
-                        if kind == "start":
-                            adapter = {"name": payload[0], "version": payload[1]}
-                            if not body.return_token_ids:
-                                continue
-                        choice = {"index": 0, "text": "", "finish_reason": None, "logprobs": None}
-                        if kind == "token":
-                            choice["text"] = payload.text_delta
-                            if body.logprobs is not None:
-                                choice["logprobs"] = legacy_logprobs([payload.token_id], [payload.logprob], [payload.top])
-                            if body.return_token_ids:
-                                choice["token_ids"] = [payload.token_id]
-                        elif kind == "done":
-                            choice["finish_reason"] = payload.finish_reason
-                        out = envelope("text_completion", cid, created, body, [choice], adapter)
-                        if kind == "start":  # vLLM sends the prompt's token ids once, first
-                            out["prompt_token_ids"] = req.prompt_ids
-                        yield sse(out)
-                        if kind == "done":
-                            break
-                except APIError as e:
-                    if e.status >= 500:
-                        log.error("request %s: %s", rid, e.message)
-                    yield sse(_error_body(e))
-                except Exception:  # noqa: BLE001 - the stream has started: the error goes in it, as JSON
-                    log.exception("request %s: stream failed", rid)
-                    yield sse(_error_body(APIError(500, f"internal server error (request id {rid})", "server_error",
-                                                   code="internal_error")))
-                yield "data: [DONE]\n\n"
+                while True:
+                    kind, payload = await next_event(events)
+                    if kind == "start":
+                        adapter = {"name": payload[0], "version": payload[1]}
+                        if not body.return_token_ids:
+                            continue
+                    choice = {"index": 0, "text": "", "finish_reason": None, "logprobs": None}
+                    if kind == "token":
+                        choice["text"] = payload.text_delta
+                        if body.logprobs is not None:
+                            choice["logprobs"] = legacy_logprobs([payload.token_id], [payload.logprob], [payload.top])
+                        if body.return_token_ids:
+                            choice["token_ids"] = [payload.token_id]
+                    elif kind == "done":
+                        choice["finish_reason"] = payload.finish_reason
+                    out = envelope("text_completion", cid, created, body, [choice], adapter)
+                    if kind == "start":  # vLLM sends the prompt's token ids once, first
+                        out["prompt_token_ids"] = req.prompt_ids
+                    yield out
+                    if kind == "done":
+                        break
 
-            rid = request.state.request_id
-            return StreamingResponse(stream(), media_type="text/event-stream")
+            return StreamingResponse(sse_stream(chunks(), request.state.request_id), media_type="text/event-stream")
         adapter, res = await run(req)
         choice = {"index": 0, "text": res.text, "finish_reason": res.finish_reason,
                   "logprobs": legacy_logprobs(res.token_ids, res.logprobs, res.top_logprobs) if body.logprobs is not None else None}

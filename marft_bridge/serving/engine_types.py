@@ -1,0 +1,63 @@
+"""What callers hand the generation engine and what it hands back: requests, token events,
+results, and the errors a request can meet."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import MarftError
+
+
+class UnknownAdapter(MarftError):
+    """A request named an adapter that is not loaded."""
+
+
+class RequestError(MarftError):
+    """A request the engine cannot serve as asked (too long, bad settings); ``param`` names the field."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+class WorkerFault(MarftError):
+    """The engine's worker failed while this request was in flight; the worker was restarted."""
+
+
+@dataclass
+class GenerationRequest:
+    """One completion to generate. ``adapter`` None means the base model."""
+
+    prompt_ids: list[int]
+    adapter: str | None = None
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    top_logprobs: int = 0
+    # Called from the worker thread with ("start", (name, version)), ("token", TokenEvent),
+    # ("done", GenerationResult) or ("error", exception).
+    sink: Callable[[str, Any], None] | None = None
+
+
+@dataclass
+class TokenEvent:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+    text_delta: str
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+    text: str
+    finish_reason: str  # "stop" or "length"
+    adapter: str
+    version: int | None
