@@ -36,10 +36,10 @@ from ..errors import MarftError
 from .adapter_files import WEIGHTS_FILE, AdapterError, base_fingerprint, check_against_base, inspect_adapter
 from .adapter_slots import AdapterSlots, Slot
 from .batching import Batch, RowState
-from .engine_types import GenerationRequest, GenerationResult, RequestError, TokenEvent, UnknownAdapter, WorkerFault
+from .engine_types import (MAX_SEED, GenerationRequest, GenerationResult, RequestError, TokenEvent, UnknownAdapter,
+                           WorkerFault)
 
 log = logging.getLogger(__name__)
-MAX_SEED = 2**63 - 1  # the seed range vLLM and OpenAI accept
 
 BASE_ROW = "__base__"  # peft's name for "no adapter" in a mixed batch
 _WAKE = object()  # queued with each swap so an idle worker wakes up to run it

@@ -8,6 +8,8 @@ from typing import Any, Callable
 
 from ..errors import MarftError
 
+MAX_SEED = 2**63 - 1  # the seed range vLLM and OpenAI accept
+
 
 class UnknownAdapter(MarftError):
     """A request named an adapter that is not loaded."""

@@ -13,8 +13,9 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from .engine_types import MAX_SEED
+
 MAX_INT32 = 2**31 - 1
-MAX_SEED = 2**63 - 1
 
 
 class _Strict(BaseModel):
