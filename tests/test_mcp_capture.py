@@ -8,8 +8,6 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import pytest
-
 import marft_bridge as mb
 from marft_bridge.integrations import mcp as cap
 from marft_bridge.integrations import propagation as prop
