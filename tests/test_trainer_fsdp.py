@@ -135,6 +135,16 @@ def test_fsdp2_two_gloo_processes_train_the_adapters_of_one_process(tiny_model_d
         adapter = single.policy.adapter_of[agent]
         _assert_close(loaded.policy.adapter_named_params(adapter), single.policy.adapter_named_params(adapter))
 
+    # The two-rank fsdp2 checkpoint (after update 1) resumes in one replicated process: its second
+    # update gives the two ranks' second-update adapters (weights and AdamW moments carried over).
+    moved = MarftTrainer(MarftConfig(**CONFIG), tiny_model_dir, agents=["a", "b"])
+    moved.load_checkpoint(tmp_path / "ckpt")
+    assert moved.update_count == 1
+    moved.train_on(eps)
+    moved.save_adapters(tmp_path / "moved_step2")
+    for agent in ("a", "b"):
+        _assert_close(_adapter(tmp_path / "moved_step2", agent), _adapter(tmp_path / "step2", agent))
+
     # Resume from the gathered checkpoint (whole tensors, every rank's generators) is exact, and a
     # rollback restores each rank's host shards exactly.
     assert s0["rolled_back"] and s1["rolled_back"]
