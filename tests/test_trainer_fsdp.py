@@ -43,7 +43,19 @@ WORKER = textwrap.dedent("""
     # On-policy rollouts through the root unit's KV-cached sampler (every rank samples the same).
     sampled = make_env(3)(RolloutPolicy(tr), 4, 5)
     summary["sampled"] = [[a.output.token_ids, a.output.logprobs] for e in sampled for a in e.actions]
+    # Count the gradient reduce-scatters and backward passes of one update.
+    counts = {"reduce_scatter": 0, "backward": 0}
+    def counting(name, fn):
+        def call(*a, **kw):
+            counts[name] += 1
+            return fn(*a, **kw)
+        return call
+    rs, bw = dist.reduce_scatter_single, torch.autograd.backward
+    dist.reduce_scatter_single = counting("reduce_scatter", rs)
+    torch.autograd.backward = counting("backward", bw)
     summary["samples"] = tr.train_on(eps)["samples"]
+    dist.reduce_scatter_single, torch.autograd.backward = rs, bw
+    summary["counts"], summary["layers"] = counts, tr.policy.model.config.num_hidden_layers
     tr.save_adapters(f"{out}/step1")  # rank 0 writes; every rank returns once the files exist
     summary["files"] = sorted(os.listdir(f"{out}/step1/a"))
     tr.save_checkpoint(f"{out}/ckpt")
@@ -100,6 +112,12 @@ def test_fsdp2_two_gloo_processes_train_the_adapters_of_one_process(tiny_model_d
     assert s0["base_local"] + s1["base_local"] == s0["base_full"]
     assert s0["lora_local"] + s1["lora_local"] == s0["lora_full"]
     assert (s0["samples"], s1["samples"]) == (16, 14)  # unequal shards (and unequal token counts)
+    # Gradients are reduce-scattered once per optimiser step (2 agents x 2 epochs + the critic's 2, one
+    # minibatch each), by each decoder layer's unit (the LoRA weights live there), not once per
+    # micro-batch: every rank runs the same, larger number of micro-batch backward passes.
+    steps = 2 * 2 + 2
+    assert s0["counts"] == s1["counts"]
+    assert s0["counts"]["reduce_scatter"] == s0["layers"] * steps and s0["counts"]["backward"] > steps
     # Whole adapters in the peft layout, written once (rank 0), there for every rank on return.
     assert s0["files"] == s1["files"] == ["adapter_config.json", "adapter_model.safetensors"]
 

@@ -325,7 +325,7 @@ class MarftTrainer:
         total, stats = 0.0, dict.fromkeys(("policy_loss", "kl_ref", "entropy", "approx_kl", "clipfrac",
                                            "behaviour_weight"), 0.0)
         with self.policy.grad_mode():
-            for plan in self.passes.plan([S[i] for i in mb]):
+            for plan in self.passes.gradient_plan([S[i] for i in mb]):
                 sub = [mb[j] for j in plan]
                 if not sub:  # fsdp2: other ranks still have micro-batches
                     self.passes.idle(adapter, n=1)
@@ -370,7 +370,7 @@ class MarftTrainer:
         """Backward of the minibatch's value loss (micro-batched through a LoRA critic backbone); its value."""
         c = self.config
         cat = torch.cat if token_level else torch.stack
-        plans = [list(range(len(mb)))] if feats[mb[0]] is not None else self.passes.plan([S[i] for i in mb])
+        plans = [list(range(len(mb)))] if feats[mb[0]] is not None else self.passes.gradient_plan([S[i] for i in mb])
         total = 0.0
         for plan in plans:
             sub = [mb[j] for j in plan]

@@ -29,6 +29,14 @@ class SamplePasses:
                                self.config.forward_batch_size)
         return fsdp.pad_plan(plan, self.device) if self.policy.sharded else plan  # fsdp2: as many on every rank
 
+    def gradient_plan(self, samples: list[Sample]):
+        """``plan`` for a gradient pass, a micro-batch at a time. Under fsdp2 only the last one's
+        backward reduce-scatters (every rank runs as many): one collective per minibatch."""
+        plans = self.plan(samples)
+        for k, mb in enumerate(plans):
+            self.policy.gradient_sync(k == len(plans) - 1)
+            yield mb
+
     def forward(self, adapter, samples: list[Sample], grad: bool, entropy: bool = False):
         """(token log-probs, token entropies, the packed batch, hidden states) of one micro-batch."""
         packed = pack([s.obs_ids for s in samples], [s.act_ids for s in samples], self.policy.pad_id,
@@ -80,9 +88,10 @@ class SamplePasses:
 
     def idle(self, adapter, n: int | None = None, critic: bool = False) -> None:
         """fsdp2: every forward and backward is a collective, so a rank out of samples runs ``n`` (None:
-        as many as the busiest rank) one-token gradient passes with a zero loss: FSDP's all-gathers and
-        the reduce-scatter of the adapter's (zero) gradients run as on the other ranks."""
-        for _ in range(len(self.plan([])) if n is None else n):
+        as many as the busiest rank, as ``gradient_plan``) one-token gradient passes with a zero loss:
+        FSDP's all-gathers and the reduce-scatter of the adapter's (zero) gradients run as on the other
+        ranks. ``n=1``: one pass inside the caller's ``gradient_plan``."""
+        for _ in self.gradient_plan([]) if n is None else range(n):
             if critic:
                 out = values(self.policy, self.head, self.empty_pack(), False)
             else:

@@ -226,6 +226,12 @@ class MultiAgentPolicy:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return nullcontext()
 
+    def gradient_sync(self, on: bool) -> None:
+        """fsdp2: whether the next backward reduce-scatters the gradients (off: they accumulate
+        unsharded, LoRA-sized, for a later backward to reduce-scatter); a no-op when replicated."""
+        if self.sharded:
+            self.root.set_requires_gradient_sync(on)
+
     # -- forward passes ------------------------------------------------------------------------------
 
     def _call(self, fn, *args, **kwargs):
