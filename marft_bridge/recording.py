@@ -55,8 +55,10 @@ Listeners
     with every finished episode (the OpenTelemetry span emitter uses it).
 
 Error accounting (``guarded``, ``capture_error``, ``capture_stats``, ``reset_capture_stats``) lives
-in ``capture_errors``, ``current_episode`` and the framework-task registry in ``episode_context``;
-those names, and ``record_in_framework_task``, are importable from here too.
+in ``capture_errors``; ``current_episode`` and the registry integrations register with
+(``register_episode_finder``, ``register_task_context``, ``FrameworkTask``, ``current_framework_task``,
+``in_framework_task``, ``record_in_framework_task``) in ``episode_context``. All of these are
+importable from here too.
 """
 
 from __future__ import annotations
@@ -70,10 +72,11 @@ from datetime import datetime
 from typing import Any
 
 from .capture_errors import capture_error, guarded
-from .capture_errors import capture_stats as capture_stats  # re-exported: tests and README use it here
-from .capture_errors import reset_capture_stats as reset_capture_stats  # re-exported (tests)
+from .capture_errors import capture_stats, reset_capture_stats  # noqa: F401 - public here too (README)
 from .episode_context import CURRENT_EPISODE, current_episode
-from .episode_context import record_in_framework_task as record_in_framework_task  # re-exported (benchmarks)
+from .episode_context import (  # noqa: F401 - public here too: integrations register with recording (DESIGN.md)
+    FrameworkTask, current_framework_task, in_framework_task, record_in_framework_task, register_episode_finder,
+    register_task_context)
 from .schema import Action, Episode, Observation, Output, Policy, Reward, SamplingParams, utcnow
 
 
@@ -144,8 +147,9 @@ def _fast_id() -> str:
     # 32 hex digits laid out like a UUIDv7: 48 bits of Unix milliseconds, then 80 random bits.
     # Time-ordered keys land at the end of the store's b-trees, so a commit writes a few pages
     # instead of one random page per episode per index (0.32 instead of 0.42-0.52 ms CPU per
-    # stored episode at 20k episodes: benchmarks/capture_overhead.py --stored 20000). ``random`` (no system call per id, hot path)
-    # reseeds itself in forked children, so processes do not repeat ids.
+    # stored episode at 20k episodes: benchmarks/capture_overhead.py --stored 20000). ``random``
+    # (no system call per id, hot path) reseeds itself in forked children, so processes do not
+    # repeat ids.
     return f"{(time.time_ns() // 1_000_000) << 80 | random.getrandbits(80):032x}"
 
 

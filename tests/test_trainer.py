@@ -170,6 +170,7 @@ def test_collapse_rolls_back_to_last_stable(model_dir, caplog):
     tr.train_on(env(RolloutPolicy(tr), 16, 1))  # a healthy update: becomes the stable state
     stable, _ = _all_state(tr)
     tr.config = tr.config.model_copy(update={"collapse_entropy_min": 50.0})  # entropy can never reach 50 nats
+    assert tr.passes.config is tr.config  # the micro-batched passes follow a replaced config
     with caplog.at_level(logging.WARNING, logger="marft_bridge.trainers"):
         m = tr.train_on(env(RolloutPolicy(tr), 16, 2))
     assert m["rolled_back"] and m["update"] == 2

@@ -59,7 +59,7 @@ from ..episode_context import FrameworkTask, current_framework_task
 from ..recording import EpisodeRecorder
 from ..schema import MAX_NAME_CHARS
 from .join_writer import JoinWriter, combine_halves, join_writer
-from .join_writer import flush_joins as flush_joins  # re-exported: documented here (README)
+from .join_writer import flush_joins  # noqa: F401 - public here too (README)
 
 CALLER_KEY = "marft/caller"
 # Request: "reply" (the caller can take the callee's half back in the reply); reply: the half.

@@ -12,7 +12,7 @@ class Batch:
     """The running batch: rows, their KV cache (left-padded to one length), attention mask,
     next position ids and the sampled tokens not yet fed to the model."""
 
-    def __init__(self, rows: list[RowState], cache, attn, pos, last):
+    def __init__(self, rows: list, cache, attn, pos, last):  # rows: the engine's (request, slot, RowState, ...)
         self.rows, self.cache, self.attn, self.pos, self.last = rows, cache, attn, pos, last
 
     def merge(self, other: Batch) -> Batch:

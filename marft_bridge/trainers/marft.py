@@ -81,7 +81,7 @@ class MarftTrainer:
         if unknown:
             raise MarftError(f"frozen_agents names unknown agents: {sorted(unknown)}")
         self.head = ValueHead(self.policy.hidden_size).to(self.device)
-        self.passes = SamplePasses(self.policy, self.head, config, self.device)
+        self.passes = SamplePasses(self.policy, self.head, lambda: self.config, self.device)
         self.optims = {a: torch.optim.AdamW(self.policy.adapter_params(a), lr=config.lr, eps=1e-5,
                                             weight_decay=config.weight_decay) for a in self.policy.adapters}
         self.critic_optim = torch.optim.AdamW(critic_params(self.policy, self.head), lr=config.critic_lr, eps=1e-5,

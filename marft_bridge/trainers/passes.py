@@ -8,6 +8,8 @@ runs empty ones (``idle``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from . import fsdp, microbatch
@@ -20,8 +22,14 @@ from .policy import MultiAgentPolicy, pack
 class SamplePasses:
     """Micro-batched forwards of the policy (an adapter, or the reference) and the critic over samples."""
 
-    def __init__(self, policy: MultiAgentPolicy, head: ValueHead, config: MarftConfig, device: torch.device):
-        self.policy, self.head, self.config, self.device = policy, head, config, device
+    def __init__(self, policy: MultiAgentPolicy, head: ValueHead, config: Callable[[], MarftConfig],
+                 device: torch.device):
+        self.policy, self.head, self.device = policy, head, device
+        self._config = config
+
+    @property
+    def config(self) -> MarftConfig:
+        return self._config()  # the trainer's at each call: a config it is given later applies here too
 
     def plan(self, samples: list[Sample]) -> list[list[int]]:
         """Micro-batches of ``samples`` (indices): padded tokens <= micro_batch_tokens, sorted by length."""

@@ -23,7 +23,7 @@ class ProgressBar:
 
     def __call__(self, m: dict) -> None:
         if self.enabled:
-            fmt = lambda x: f"{x:.3f}" if isinstance(x, float) and math.isfinite(x) else str(x)
+            fmt = lambda x: f"{x:.3f}" if isinstance(x, float) and math.isfinite(x) else str(x)  # noqa: E731
             stats = (f"reward {fmt(m['reward_mean'])}  kl {fmt(m['kl_ref'])}  entropy {fmt(m['entropy'])}  "
                      f"value_loss {fmt(m['value_loss'])}")
             self.bar.update(self.task, advance=1, stats=stats)
