@@ -173,3 +173,62 @@ def test_fsdp2_two_gloo_processes_train_the_adapters_of_one_process(tiny_model_d
         step1 = (tmp_path / "step1" / agent / "adapter_model.safetensors").read_bytes()
         assert (tmp_path / "reloaded" / agent / "adapter_model.safetensors").read_bytes() == step1
     assert (s0["small"], s1["small"]) == (4, 2)
+
+
+BF16_WORKER = textwrap.dedent("""
+    import json, sys, torch
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from marft_bridge.trainers.config import MarftConfig
+    from marft_bridge.trainers.marft import MarftTrainer
+    from marft_bridge.trainers.sources import read_jsonl
+
+    model, episodes, out, cfg = sys.argv[1:5]
+    eps = read_jsonl(episodes)[0]
+    tr = MarftTrainer(MarftConfig(**json.loads(cfg), parallelism="fsdp2", gradient_checkpointing=True), model,
+                      agents=["a", "b"])
+    named = list(tr.policy.model.named_parameters())
+    summary = {"base": sorted({str(p.to_local().dtype) for n, p in named if "lora_" not in n}),
+               "lora": sorted({str(p.to_local().dtype) for n, p in named if "lora_" in n})}
+    tr.train_on(eps)
+    tr.save_adapters(f"{out}/bf16_step1")
+    summary["log_weights"] = tr.log_importance_weights(eps)
+    with open(f"{out}/bf16_summary{tr.rank}.json", "w") as fh:
+        json.dump(summary, fh)
+    dist.destroy_process_group()
+""")
+
+
+def test_fsdp2_over_a_bf16_base_trains_fp32_adapters_like_one_process(tiny_model_dir, tmp_path):
+    """The GPU layout on CPU: a bf16 base (bf16 autocast) sharded beside fp32 LoRA weights, so FSDP2
+    all-gathers units of mixed dtypes. Two ranks end the update with one bf16 process's adapters, to
+    within bf16's rounding of differently composed micro-batches (measured: 1.7e-3 against lora_B
+    entries of up to 1.8e-2 after the update)."""
+    from marft_bridge.trainers.config import MarftConfig
+    from marft_bridge.trainers.marft import MarftTrainer
+    from marft_bridge.trainers.rollout import RolloutPolicy
+    from test_trainer import make_env
+
+    torch.set_num_threads(1)
+    eps = make_env(3)(RolloutPolicy(MarftTrainer(MarftConfig(), tiny_model_dir, agents=["a", "b"])), 15, 21)
+    (tmp_path / "eps.jsonl").write_text("".join(e.model_dump_json() + "\n" for e in eps))
+    config = {**CONFIG, "base_dtype": "bfloat16"}
+    run_torchrun(BF16_WORKER, [str(tiny_model_dir), str(tmp_path / "eps.jsonl"), str(tmp_path), json.dumps(config)],
+                 tmp_path)
+    s0, s1 = (json.loads((tmp_path / f"bf16_summary{k}.json").read_text()) for k in (0, 1))
+    assert s0["base"] == s1["base"] == ["torch.bfloat16"] and s0["lora"] == s1["lora"] == ["torch.float32"]
+
+    single = MarftTrainer(MarftConfig(**config), tiny_model_dir, agents=["a", "b"])
+    before = single.log_importance_weights(eps)
+    single.train_on(eps)
+    single.save_adapters(tmp_path / "single_bf16_step1")
+    after = single.log_importance_weights(eps)
+    for agent in ("a", "b"):
+        got, want = _adapter(tmp_path / "bf16_step1", agent), _adapter(tmp_path / "single_bf16_step1", agent)
+        assert all(t.dtype == torch.float32 for t in got.values())
+        assert max(float(want[k].abs().max()) for k in want if "lora_B" in k) > 1e-2  # lora_B starts at 0
+        torch.testing.assert_close(got, want, atol=5e-3, rtol=0)
+    # The update moved the log weights by up to ~0.6; the two runs agree on them to 0.02.
+    assert max(abs(after[k] - before[k]) for k in after) > 0.1
+    for s in (s0, s1):
+        assert all(abs(s["log_weights"][k] - after[k]) < 0.02 for k in after)

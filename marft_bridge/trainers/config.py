@@ -76,6 +76,9 @@ class MarftConfig(BaseModel):
     # LM-head rows per chunk for log-probs and entropy: peak ~2 x rows x vocab x 4 bytes (0.6 GB at 152k).
     logits_chunk_tokens: int = Field(512, ge=1)
     gradient_checkpointing: bool | None = None  # decoder layers recomputed in backward; None: on for CUDA
+    # The frozen base's weights; bfloat16 runs its matmuls under bf16 autocast. auto: bfloat16 on CUDA,
+    # float32 on CPU. Adapters, the value head and all loss math are fp32 either way.
+    base_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     # replicated: every rank holds the base, gradients all-reduced (DDP-style; bases up to ~30B on 80 GB).
     # fsdp2: base and adapters sharded over the torchrun ranks (fully_shard per decoder layer + root,
     # fsdp.py), for bases that do not fit one GPU; refused without a process group.

@@ -1,8 +1,9 @@
 """One base model, one named peft LoRA adapter per agent (plus the critic's), log-probs under temperature.
 
-* Base weights: bf16 on CUDA, fp32 on CPU, frozen. Adapter weights and the value head: fp32 always
-  (the reference trained LoRA in fp16 without loss scaling). On CUDA the base and LoRA matmuls run
-  under bf16 autocast; the LM head's logits and all loss math are fp32.
+* Base weights: frozen, ``base_dtype`` (auto: bf16 on CUDA, fp32 on CPU). Adapter weights and the
+  value head: fp32 always (the reference trained LoRA in fp16 without loss scaling). Over a bf16
+  base the base and LoRA matmuls run under bf16 autocast; the LM head's logits and all loss math
+  are fp32.
 * Attention: ``sdpa`` (PyTorch's fused kernels: flash / memory-efficient on CUDA, no (T x T)
   matrix kept for backward), falling back to the model's default where a model has no sdpa path.
 * Gradient checkpointing of the decoder layers (``gradient_checkpointing``; ``None`` = on for CUDA):
@@ -123,7 +124,8 @@ class MultiAgentPolicy:
         self.device = device
         # fsdp2: the base on the meta device, sharded in place, filled from rank 0 (fsdp.py).
         self.sharded = config.parallelism == "fsdp2"
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        auto = torch.bfloat16 if device.type == "cuda" else torch.float32
+        self.base_dtype = dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(config.base_dtype, auto)
         source = rng = None
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(base_model_path))
@@ -221,9 +223,9 @@ class MultiAgentPolicy:
         return _TrainMode(self.model)
 
     def autocast(self):
-        """bf16 autocast on CUDA (base and LoRA matmuls; fp32 master weights stay fp32), else nothing."""
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
+        """bf16 autocast over a bf16 base (base and LoRA matmuls; fp32 master weights stay fp32), else nothing."""
+        if self.base_dtype == torch.bfloat16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return nullcontext()
 
     def gradient_sync(self, on: bool) -> None:
