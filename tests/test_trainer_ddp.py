@@ -1,4 +1,5 @@
-"""The unchanged trainer under torchrun: two CPU gloo processes end a step with identical adapters."""
+"""The unchanged trainer under torchrun and `accelerate launch`: two CPU gloo processes end a step with
+identical adapters."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 from marft_bridge.serving.process import free_port
@@ -47,7 +49,8 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def test_two_gloo_processes_end_a_step_with_identical_token_weighted_adapters(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+def test_two_gloo_processes_end_a_step_with_identical_token_weighted_adapters(tiny_model_dir, tmp_path, launcher):
     import json
 
     from safetensors.torch import load_file
@@ -62,7 +65,7 @@ def test_two_gloo_processes_end_a_step_with_identical_token_weighted_adapters(ti
     eps = make_env(3)(RolloutPolicy(tr), 15, 21)  # odd count: the ranks get 8 and 7 episodes
     (tmp_path / "eps.jsonl").write_text("".join(e.model_dump_json() + "\n" for e in eps))
     run_torchrun(WORKER, [str(tiny_model_dir), str(tmp_path / "eps.jsonl"), str(tmp_path), json.dumps(CONFIG)],
-                 tmp_path)
+                 tmp_path, launcher=launcher)
     s0, s1 = (json.loads((tmp_path / f"summary{k}.json").read_text()) for k in (0, 1))
     assert (s0["samples"], s1["samples"]) == (16, 14)  # unequal shards (and unequal token counts)
     f = "adapter_model.safetensors"
@@ -122,11 +125,21 @@ COLLECTIVES = textwrap.dedent("""
 """)
 
 
-def run_torchrun(script, args, tmp_path, timeout=240):
+def run_torchrun(script, args, tmp_path, timeout=240, launcher="torchrun"):
+    """``script`` in two processes under torchrun, or under ``accelerate launch`` (which runs torchrun's
+    launcher with its own flags; ``--multi_gpu`` is its name for several processes, CPU included)."""
     (tmp_path / "script.py").write_text(script)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(tmp_path / "script.py"), *args]
+    port = str(free_port())
+    if launcher == "accelerate":
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--main_process_ip", "127.0.0.1", "--main_process_port", port,
+               "--mixed_precision", "no", "--dynamo_backend", "no", str(tmp_path / "script.py"), *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+               "--master_addr", "127.0.0.1", "--master_port", port, str(tmp_path / "script.py"), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if launcher == "accelerate":  # no accelerate config file of this machine's: all is on the command line
+        env["HF_HOME"] = str(tmp_path / "hf")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     try:

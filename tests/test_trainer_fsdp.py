@@ -201,7 +201,8 @@ BF16_WORKER = textwrap.dedent("""
 
 def test_fsdp2_over_a_bf16_base_trains_fp32_adapters_like_one_process(tiny_model_dir, tmp_path):
     """The GPU layout on CPU: a bf16 base (bf16 autocast) sharded beside fp32 LoRA weights, so FSDP2
-    all-gathers units of mixed dtypes. Two ranks end the update with one bf16 process's adapters, to
+    all-gathers units of mixed dtypes. Two ranks (launched by ``accelerate launch``, where the other
+    tests use torchrun) end the update with one bf16 process's adapters, to
     within bf16's rounding of differently composed micro-batches (measured: 1.7e-3 against lora_B
     entries of up to 1.8e-2 after the update)."""
     from marft_bridge.trainers.config import MarftConfig
@@ -214,7 +215,7 @@ def test_fsdp2_over_a_bf16_base_trains_fp32_adapters_like_one_process(tiny_model
     (tmp_path / "eps.jsonl").write_text("".join(e.model_dump_json() + "\n" for e in eps))
     config = {**CONFIG, "base_dtype": "bfloat16"}
     run_torchrun(BF16_WORKER, [str(tiny_model_dir), str(tmp_path / "eps.jsonl"), str(tmp_path), json.dumps(config)],
-                 tmp_path)
+                 tmp_path, launcher="accelerate")  # fsdp2 under `accelerate launch` too
     s0, s1 = (json.loads((tmp_path / f"bf16_summary{k}.json").read_text()) for k in (0, 1))
     assert s0["base"] == s1["base"] == ["torch.bfloat16"] and s0["lora"] == s1["lora"] == ["torch.float32"]
 
