@@ -17,10 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .recording import EpisodeRecorder
+from typing import Any, Protocol
 
 log = logging.getLogger("marft_bridge.capture")
 
@@ -36,7 +33,14 @@ class _Stats:
 _STATS = _Stats()
 
 
-def capture_error(where: str, exc: BaseException, recorder: EpisodeRecorder | None = None) -> None:
+class ErrorCounter(Protocol):
+    """What the accounting needs of a recorder (``recording.EpisodeRecorder``, which imports this
+    module): its own count, carried into the episode's metadata."""
+
+    def count_error(self, msg: str) -> None: ...
+
+
+def capture_error(where: str, exc: BaseException, recorder: ErrorCounter | None = None) -> None:
     """Log and count a failure inside capture code. Never raises.
 
     The first failure of each kind is logged with its traceback; repeats only every 1000th, so a
@@ -67,7 +71,7 @@ class guarded:  # noqa: N801 - used like a function: ``with guarded("where"):``
 
     __slots__ = ("where", "recorder")
 
-    def __init__(self, where: str, recorder: EpisodeRecorder | None = None):
+    def __init__(self, where: str, recorder: ErrorCounter | None = None):
         self.where = where
         self.recorder = recorder
 

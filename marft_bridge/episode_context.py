@@ -26,29 +26,34 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from .capture_errors import capture_error, guarded
 
-if TYPE_CHECKING:
-    from .recording import EpisodeRecorder
+
+class EpisodeHandle(Protocol):
+    """An open episode as the lookups here hand it out: a ``recording.EpisodeRecorder`` (which
+    imports this module), named by what is read here so imports run one way."""
+
+    id: str
+    closed: bool
 
 # The explicit or implicit episode of this context (set by ``recording.episode`` and friends).
-CURRENT_EPISODE: contextvars.ContextVar[EpisodeRecorder | None] = contextvars.ContextVar("marft_episode", default=None)
+CURRENT_EPISODE: contextvars.ContextVar[EpisodeHandle | None] = contextvars.ContextVar("marft_episode", default=None)
 
 # -- the current episode -------------------------------------------------------------------------
 
-_FINDERS: list[Callable[[], EpisodeRecorder | None]] = []
+_FINDERS: list[Callable[[], EpisodeHandle | None]] = []
 
 
-def register_episode_finder(fn: Callable[[], EpisodeRecorder | None]) -> None:
+def register_episode_finder(fn: Callable[[], EpisodeHandle | None]) -> None:
     """Let an adapter expose the episode of a run it captures without setting the context variable
     (the LangGraph capture finds its run from LangChain's runnable config inside a node)."""
     if fn not in _FINDERS:
         _FINDERS.append(fn)
 
 
-def current_episode() -> EpisodeRecorder | None:
+def current_episode() -> EpisodeHandle | None:
     """The explicit episode of this context, else the episode of a captured run we are inside."""
     ep = CURRENT_EPISODE.get()
     if ep is not None and not ep.closed:
@@ -92,7 +97,7 @@ class FrameworkTask(Protocol):
 
     agent: str
     step: int | None
-    recorder: EpisodeRecorder
+    recorder: EpisodeHandle
     finished: bool
 
     def depends_on(self) -> list[str]: ...

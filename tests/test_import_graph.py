@@ -1,7 +1,8 @@
 """marft_bridge's module graph is acyclic, read from the source with ``ast``.
 
-Every import counts: module level, inside functions (lazy imports), relative ones. Only blocks
-under ``if TYPE_CHECKING:`` are left out (they never run). An edge goes to the module an import
+Every import counts: module level, inside functions (lazy imports), relative ones, and those under
+``if TYPE_CHECKING:`` (they never run, but a type named against the flow still ties the two
+modules together: name it by a Protocol instead). An edge goes to the module an import
 names (``from . import x`` names the submodule ``x`` when there is one); importing a submodule
 also runs its parent packages' ``__init__``, which is not an edge of the importer.
 """
@@ -28,22 +29,8 @@ def module_names() -> dict[str, Path]:
     return out
 
 
-def _type_checking(node: ast.If) -> bool:
-    t = node.test
-    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
-
-
 def _imports(tree: ast.AST):
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.If) and _type_checking(node):
-            stack.extend(node.orelse)
-            continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        stack.extend(ast.iter_child_nodes(node))
+    return (node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)))
 
 
 def edges(modules: dict[str, Path]) -> dict[str, set[str]]:
