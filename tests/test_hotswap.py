@@ -251,7 +251,7 @@ def test_in_process_publisher(tiny_model_dir, setup):
             publisher.load("planner", setup[2] / "p0")
         assert engine.adapters()["planner"][0] == 5
         # Replaced versions are not kept around: the two routed slots and planner's one spare.
-        assert len(engine._peft.peft_config) == 3 and engine.stats["swaps_in_place"] == 1
+        assert len(engine._slots.peft.peft_config) == 3 and engine.stats["swaps_in_place"] == 1
     finally:
         engine.close()
 
@@ -273,7 +273,7 @@ def test_swaps_copy_into_the_agents_spare_slot_when_the_shape_matches(tiny_model
             engine.load_adapter("planner", reg.path("planner", v), load_inplace=True)
             res = engine.generate(prompt, adapter="planner", max_tokens=MAX_TOKENS, temperature=0)
             got.append((res.version, res.token_ids == expected[v], engine.stats["swaps_in_place"],
-                        len(engine._peft.peft_config)))
+                        len(engine._slots.peft.peft_config)))
         assert got == [
             (1, True, 0, 1),  # the first slot
             (2, True, 0, 2),  # a new slot; v1's, unused now, becomes the spare
@@ -284,7 +284,7 @@ def test_swaps_copy_into_the_agents_spare_slot_when_the_shape_matches(tiny_model
         ]
         engine.load_adapter("coder", reg.path("coder", 1))
         engine.unload_adapter("planner")  # its routed slot and its spare both go
-        assert set(engine._peft.peft_config) == {engine._routes["coder"].internal}
+        assert set(engine._slots.peft.peft_config) == {engine._slots.routes["coder"].internal}
     finally:
         engine.close()
 

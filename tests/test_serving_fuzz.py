@@ -207,4 +207,5 @@ def test_fuzz_raw_bodies(http):
     run()
     chat.check_good()
     completions.check_good()
-    assert chat.statuses.get(500, 0) == completions.statuses.get(500, 0) == 0
+    # (a 500 already fails in Checker) both endpoints got raw bodies and refused them as 400s
+    assert chat.statuses.get(400, 0) > 0 and completions.statuses.get(400, 0) > 0

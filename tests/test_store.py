@@ -290,7 +290,7 @@ def test_a_write_transaction_holds_the_sqlite_write_lock_from_its_start(tmp_path
     # from deadlocking on a lock upgrade.
     store = TraceStore.open(tmp_path / "t.db")
     other = sqlite3.connect(tmp_path / "t.db", timeout=0, isolation_level=None)
-    with store._write_tx():
+    with store._writes.begin():
         with pytest.raises(sqlite3.OperationalError, match="database is locked"):
             other.execute("BEGIN IMMEDIATE")
         assert store.count() == 0  # readers go on (WAL)

@@ -110,16 +110,19 @@ class AdapterSlots:
     def collect_retired(self) -> None:
         """Once no running request uses a replaced slot, keep it as its agent's spare (while the
         agent is loaded and has none) or delete it."""
+        if not self.retired:
+            return  # the engine calls this after every decode step
         live = {s.internal for s in self.routes.values()}
-        in_use = self._in_use()
         if not live:
             return  # peft cannot lose its last adapter: keep it until another one arrives
+        in_use = self._in_use()
+        free = [old for old in self.retired if old not in in_use]
+        if not free:
+            return  # old rows still in flight
         # Point peft's "active" adapter at a live one first, so no deletion hits the active one.
         self.peft.base_model.set_adapter(sorted(live)[0])
-        for old, may_spare in list(self.retired.items()):
-            if old in in_use:
-                continue
-            del self.retired[old]
+        for old in free:
+            may_spare = self.retired.pop(old)
             agent = old.rpartition("#")[0]
             if may_spare and agent in self.routes and agent not in self.spares:
                 self.spares[agent] = old

@@ -97,19 +97,9 @@ class AdapterEngine:
         self._worker.start()
 
     # -- adapters --------------------------------------------------------------------------------
-    @property
-    def _routes(self) -> dict[str, Slot]:
-        """Agent name -> the slot serving it now."""
-        return self._slots.routes
-
-    @property
-    def _peft(self):
-        """The PeftModel wrapping the base model, None until the first adapter load."""
-        return self._slots.peft
-
     def adapters(self) -> dict[str, tuple[int | None, str]]:
         """Loaded adapters: name -> (version, path)."""
-        return {n: (s.version, s.path) for n, s in dict(self._routes).items()}
+        return {n: (s.version, s.path) for n, s in dict(self._slots.routes).items()}
 
     def load_adapter(
         self, name: str, path: str | Path, *, version: int | None = None, load_inplace: bool = False
@@ -137,7 +127,7 @@ class AdapterEngine:
             adapter_fp=adapter_fp,
             max_rank=self.max_lora_rank,
         )
-        if name in self._routes and not load_inplace:
+        if name in self._slots.routes and not load_inplace:
             raise AdapterError(f"adapter {name!r} is already loaded; pass load_inplace=true to replace it")
         from peft import LoraConfig
         from safetensors.torch import load_file
@@ -162,7 +152,7 @@ class AdapterEngine:
         return report
 
     def unload_adapter(self, name: str) -> None:
-        if name not in self._routes:
+        if name not in self._slots.routes:
             raise UnknownAdapter(f"adapter {name!r} is not loaded")
         self._between_steps(lambda: self._slots.unload(name))
 
@@ -190,7 +180,7 @@ class AdapterEngine:
 
     def validate(self, req: GenerationRequest) -> None:
         """Refuse a request that cannot be served, before it is queued."""
-        if req.adapter is not None and req.adapter != self.base_name and req.adapter not in self._routes:
+        if req.adapter is not None and req.adapter != self.base_name and req.adapter not in self._slots.routes:
             raise UnknownAdapter(f"The model `{req.adapter}` does not exist.")
         if not req.prompt_ids:
             raise RequestError("the prompt is empty", "prompt")
@@ -307,15 +297,15 @@ class AdapterEngine:
     def _bind(self, req: GenerationRequest) -> Slot | None:
         if req.adapter is None or req.adapter == self.base_name:
             return None
-        slot = self._routes.get(req.adapter)
+        slot = self._slots.routes.get(req.adapter)
         if slot is None:
             raise UnknownAdapter(f"The model `{req.adapter}` does not exist.")
         return slot
 
     def _forward(self, rows: list[_Row], **inputs):
         model, kwargs = self._base, {}
-        if self._peft is not None:
-            model = self._peft
+        if self._slots.peft is not None:
+            model = self._slots.peft
             kwargs["adapter_names"] = [r.slot.internal if r.slot else BASE_ROW for r in rows]
         return model(use_cache=True, **inputs, **kwargs)
 
@@ -440,8 +430,7 @@ class AdapterEngine:
                 self._batch = None
             elif len(keep) < len(b.rows):
                 b.select(keep)
-        if self._slots.retired:
-            self._slots.collect_retired()
+        self._slots.collect_retired()
 
 
 def _finite(x: float) -> float:

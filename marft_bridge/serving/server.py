@@ -49,6 +49,16 @@ def _error_body(e: APIError) -> dict:
     return {"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.code}}
 
 
+def _internal_error(rid: str) -> APIError:
+    """The answer to an unexpected fault: its details stay in the log, under the request id."""
+    return APIError(500, f"internal server error (request id {rid})", "server_error", code="internal_error")
+
+
+def _log_server_error(rid: str, e: APIError) -> None:
+    if e.status >= 500:
+        log.error("request %s: %s", rid, e.message)
+
+
 def _validation_error(e: ValidationError) -> APIError:
     """The most specific failure (the deepest location), named by its field path, e.g.
     ``messages.0.content.0.text``; union branch and discriminator tags are left out of the path."""
@@ -88,15 +98,13 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
             response = await call_next(request)
         except Exception:  # noqa: BLE001 - any fault in a request answers JSON, never a bare 500
             log.exception("request %s (%s %s) failed", rid, request.method, request.url.path)
-            response = JSONResponse(_error_body(APIError(500, f"internal server error (request id {rid})",
-                                                         "server_error", code="internal_error")), status_code=500)
+            response = JSONResponse(_error_body(_internal_error(rid)), status_code=500)
         response.headers["x-request-id"] = rid
         return response
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):
-        if e.status >= 500:
-            log.error("request %s: %s", getattr(request.state, "request_id", "?"), e.message)
+        _log_server_error(getattr(request.state, "request_id", "?"), e)
         return JSONResponse(_error_body(e), status_code=e.status)
 
     @app.exception_handler(StarletteHTTPException)
@@ -218,13 +226,11 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
             async for obj in chunks:
                 yield sse(obj)
         except APIError as e:
-            if e.status >= 500:
-                log.error("request %s: %s", rid, e.message)
+            _log_server_error(rid, e)
             yield sse(_error_body(e))
         except Exception:  # noqa: BLE001 - the stream has started: the error goes in it, as JSON
             log.exception("request %s: stream failed", rid)
-            yield sse(_error_body(APIError(500, f"internal server error (request id {rid})", "server_error",
-                                           code="internal_error")))
+            yield sse(_error_body(_internal_error(rid)))
         yield "data: [DONE]\n\n"
 
     # -- endpoints -------------------------------------------------------------------------------

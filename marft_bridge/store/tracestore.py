@@ -11,7 +11,6 @@ see which episodes were added, merged or rewarded since they last looked.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -56,8 +55,11 @@ class TraceStore:
         # For display and logs: a password in the URL is masked.
         self.url = self._engine.url.render_as_string(hide_password=True)
         self._writes = WriteTransactions(self._engine)
-        self.is_postgres = self._writes.is_postgres
         self._init_schema()
+
+    @property
+    def is_postgres(self) -> bool:
+        return self._writes.is_postgres
 
     @classmethod
     def open(cls, url: str | os.PathLike | None = None, *, queue_size: int = 1000, on_full: str = "block") -> TraceStore:
@@ -82,7 +84,7 @@ class TraceStore:
 
     def _init_schema(self) -> None:
         try:
-            with self._write_tx() as conn:
+            with self._writes.begin() as conn:
                 stored = t.create_schema(conn)
         except sa.exc.SQLAlchemyError as e:
             self._dispose()
@@ -277,10 +279,6 @@ class TraceStore:
         )
         self._writes.log_change(conn, episode_id, "reward")
 
-    def _write_tx(self) -> contextlib.AbstractContextManager[sa.Connection]:
-        """A write transaction (SQLite: the write lock is held from BEGIN)."""
-        return self._writes.begin()
-
     def _write_episode_tx(self, conn: sa.Connection, ep: Episode | None, rows: Rows | None, data: dict,
                           err: RecordError | None) -> None:
         if rows is not None and self._writes.insert(conn, t.episodes, rows.episode) is not None:
@@ -312,7 +310,7 @@ class TraceStore:
         if len(text) > MAX_DEAD_LETTER_CHARS:
             text = text[:MAX_DEAD_LETTER_CHARS] + f"... [truncated, {len(text)} chars in all]"
         try:
-            with self._write_tx() as conn:
+            with self._writes.begin() as conn:
                 conn.execute(
                     t.dead_letters.insert().values(
                         record=err.record, field=err.field, reason=err.reason, raw=text, created_at=time.time()
