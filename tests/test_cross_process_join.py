@@ -21,6 +21,14 @@ def test_inject_extract_round_trip():
     assert own["traceparent"].startswith("00-1111") and prop.extract(own) == ref
 
 
+def test_span_ids_are_the_random_part_of_time_ordered_ids():
+    assert prop.span_id("0000019a3b4c5d6e1111222233334444") == "1111222233334444"
+    # Ids made within one millisecond share their time prefix; their span ids still differ.
+    ids = [EpisodeRecorder.new_action_id() for _ in range(1000)]
+    assert len({prop.span_id(i) for i in ids}) == len(ids)
+    assert len(prop.span_id("not-hex")) == 16
+
+
 def test_extract_bare_traceparent_and_garbage():
     assert prop.extract({"traceparent": "00-abcdefabcdefabcdefabcdefabcdefab-0123456789abcdef-01"}) == prop.CallerRef(
         "abcdefabcdefabcdefabcdefabcdefab")

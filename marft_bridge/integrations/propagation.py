@@ -4,8 +4,8 @@ A caller (an MCP client, an A2A client) records one *call step* per request: an 
 calling agent whose id is reserved before the request goes out. The request carries
 
 - ``traceparent`` (W3C): ``00-<trace id>-<span id>-01``; the trace id is the episode id (a
-  32-hex id as ``schema.new_id`` makes; other ids are hashed) and the span id is the first 16
-  hex digits of the call step's id;
+  32-hex id as the recorder makes; other ids are hashed) and the span id is the last 16 hex
+  digits of the call step's id (its random part);
 - ``marft/caller``: ``<episode id> <call step id> <call step's Flex-POMDP step>``, the exact
   values, because an OpenTelemetry SDK in the app may rewrite ``traceparent``.
 
@@ -83,8 +83,9 @@ def trace_id(episode_id: str) -> str:
 
 
 def span_id(action_id: str) -> str:
-    h = action_id if re.match(r"^[0-9a-f]{16}", action_id) else hashlib.sha256(action_id.encode()).hexdigest()
-    return h[:16]
+    """The W3C span id of a call step: the last 16 hex digits of a 32-hex id (the random ones: the
+    recorder's ids start with the time), else a hash of the id."""
+    return action_id[-16:] if _HEX32.match(action_id) else hashlib.sha256(action_id.encode()).hexdigest()[:16]
 
 
 def inject(carrier: dict[str, Any], ref: CallerRef) -> None:
