@@ -37,14 +37,21 @@ WORKER = textwrap.dedent("""
         setattr(dist, name, recording)
     tr = MarftTrainer(MarftConfig(**json.loads(cfg)), model, agents=["a", "b"])
     assert (tr.rank, tr.world) == (dist.get_rank(), 2)
-    tr.save_adapters(f"{out}/init{tr.rank}")
+
+    def weights():  # this rank's adapter weights, to compare across ranks
+        return {a: [p.tolist() for p in tr.policy.adapter_params(a)] for a in tr.policy.adapters}
+
+    init = weights()
+    tr.save_adapters(f"{out}/init")  # a collective: rank 0 writes, both return once the files exist
     m = tr.train_on(read_jsonl(episodes)[0])
-    tr.save_adapters(f"{out}/rank{tr.rank}")
+    n_seen = len(seen)  # the update's collectives (saving adds gathers and barriers)
+    tr.save_adapters(f"{out}/step")
+    tr.save_checkpoint(f"{out}/ckpt")
     sizes = {a: sum(p.numel() for p in tr.policy.adapter_params(a)) for a in tr.policy.adapters}
     # one file per rank: two processes printing to one pipe can interleave mid-line
     with open(f"{out}/summary{tr.rank}.json", "w") as fh:
-        json.dump({"samples": m["samples"], "order": m["agent_order"], "device": str(tr.device), "seen": seen,
-                   "adapter_numel": sizes}, fh)
+        json.dump({"samples": m["samples"], "order": m["agent_order"], "device": str(tr.device),
+                   "seen": seen[:n_seen], "adapter_numel": sizes, "init": init, "step": weights()}, fh)
     dist.destroy_process_group()
 """)
 
@@ -69,17 +76,20 @@ def test_two_gloo_processes_end_a_step_with_identical_token_weighted_adapters(ti
     s0, s1 = (json.loads((tmp_path / f"summary{k}.json").read_text()) for k in (0, 1))
     assert (s0["samples"], s1["samples"]) == (16, 14)  # unequal shards (and unequal token counts)
     f = "adapter_model.safetensors"
+    assert s0["init"] == s1["init"] and s0["step"] == s1["step"]  # the ranks' adapters, exactly equal
     for agent in ("a", "b"):
-        r0 = (tmp_path / "rank0" / agent / f).read_bytes()
-        assert r0 == (tmp_path / "rank1" / agent / f).read_bytes()
-        assert (tmp_path / "init0" / agent / f).read_bytes() == (tmp_path / "init1" / agent / f).read_bytes()
-        assert r0 != (tmp_path / "init0" / agent / f).read_bytes()  # the step did change them
+        assert (tmp_path / "step" / agent / f).read_bytes() != (tmp_path / "init" / agent / f).read_bytes()
+    # The checkpoint keeps both ranks' generators: their minibatch shuffles drew on their own shards.
+    from safetensors.torch import load_file as load
+
+    rng = load(str(tmp_path / "ckpt" / "rng.safetensors"))
+    assert {k for k in rng if k.startswith("rank1/")} == {"rank1/" + k for k in rng if not k.startswith("rank1/")}
     # Token-weighted: the two ranks' step is the step of one process on all 30 samples.
     single = MarftTrainer(MarftConfig(**CONFIG), tiny_model_dir, agents=["a", "b"])
     single.train_on(eps)
     single.save_adapters(tmp_path / "single")
     for agent in ("a", "b"):
-        got, want = load_file(str(tmp_path / "rank0" / agent / f)), load_file(str(tmp_path / "single" / agent / f))
+        got, want = load_file(str(tmp_path / "step" / agent / f)), load_file(str(tmp_path / "single" / agent / f))
         for k in want:
             torch.testing.assert_close(got[k], want[k], atol=5e-5, rtol=1e-4, msg=k)
     # Every tensor handed to a collective was on the trainer's device (NCCL would refuse CPU tensors

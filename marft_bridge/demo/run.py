@@ -77,7 +77,7 @@ class _Run:
     """One (method, seed): its trainer, its adapter names on the server, its instrumented app."""
 
     def __init__(self, method: str, seed: int, base: Path, server, key: str, registry, store, s: DemoSettings,
-                 out: Path):
+                 run_dir: Path):
         from ..integrations.langgraph import instrument
         from ..serving import EmbeddedServerPublisher
         from ..trainers.config import MarftConfig
@@ -94,10 +94,10 @@ class _Run:
         self.served = {a: f"{a}-{method}-s{seed}".replace("_", "-") for a in agents}
         self.single = single
         self.seed = seed
-        # The trainer writes one metrics line per update there, as `marft train` does: `marft ui --runs
-        # out/runs` plots each (method, seed) run. No checkpoints: a demo run is not resumed.
-        config = MarftConfig(seed=seed, checkpoint_every=10**9, **{**s.trainer, **METHOD_CONFIG[method]})
-        self.trainer = MarftTrainer(config, base, agents=agents, out_dir=out / "runs" / f"{method}-s{seed}")
+        # The trainer writes one metrics line per update in run_dir, as `marft train` does: `marft ui
+        # --runs out/runs` plots each (method, seed) run. No checkpoints: a demo run is not resumed.
+        config = MarftConfig(seed=seed, **{"checkpoint_every": None, **s.trainer, **METHOD_CONFIG[method]})
+        self.trainer = MarftTrainer(config, base, agents=agents, out_dir=run_dir)
         if single:
             build = lambda: demo_app.build_single_agent_app(server.url, key, model=self.served["agent"],  # noqa: E731
                                                             temperature=s.temperature)
@@ -189,7 +189,7 @@ def run_demo(out: str | Path = ".marft/demo", quick: bool = False, seeds: int | 
         job = bar.add_task("runs", total=len(s.methods) * s.seeds * s.iterations, status="")
         for method in s.methods:
             for seed in range(s.seeds):
-                run = _Run(method, seed, base, server, key, registry, store, s, out)
+                run = _Run(method, seed, base, server, key, registry, store, s, out / "runs" / f"{method}-s{seed}")
                 curve = [run.accuracy(heldout, s.concurrency)]
                 for it in range(s.iterations):
                     bar.update(job, description=f"{METHODS[method]} seed {seed}",

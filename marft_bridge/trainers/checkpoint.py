@@ -26,15 +26,14 @@ from ..errors import MarftError
 
 
 def save(trainer, directory) -> Path:
-    """A trainer's checkpoint: ``capture``, then ``write`` (rank 0 under fsdp2) and its adapters.
-    Under fsdp2 a collective: every rank calls it."""
-    snap = capture(trainer)
+    """A trainer's checkpoint: ``capture``, then ``write`` and its adapters. With several ranks a
+    collective: every rank calls it, rank 0 writes."""
+    weights, optim, rng = capture(trainer)
     d = Path(directory)
-    if trainer.rank == 0 or not trainer.policy.sharded:
-        write(d, snap["weights"], snap["optim"], snap["rng"],
-              {"update_count": trainer.update_count, "agents": trainer.agents, "world": trainer.world,
-               "config": trainer.config.model_dump(mode="json")})
-    save_adapters(trainer.policy, d / "adapters", snap["weights"])  # fsdp2: no second gather
+    if trainer.rank == 0:
+        write(d, weights, optim, rng, {"update_count": trainer.update_count, "agents": trainer.agents,
+                                       "world": trainer.world, "config": trainer.config.model_dump(mode="json")})
+    save_adapters(trainer.policy, d / "adapters", weights)  # fsdp2: no second gather
     return d
 
 
@@ -46,13 +45,15 @@ def load(trainer, directory) -> None:
     mine = trainer.named_weights()
     if set(weights) != set(mine) or any(weights[n].shape != mine[n].shape for n in mine):
         raise MarftError(f"checkpoint {directory} does not match this model/config (adapter weights differ)")
-    restore(trainer, {"weights": weights, "optim": optim, "rng": rng, "update_count": state["update_count"]})
+    restore(trainer, weights, optim, rng)
+    trainer.update_count = state["update_count"]
 
 
-def capture(trainer) -> dict:
-    """Host copies of a trainer's trainable state, RNG states and counters (what a checkpoint writes):
-    no second copy of the trainable state on the device. Under fsdp2 the shards are gathered whole,
-    a collective: every rank calls this, in the same order."""
+def capture(trainer) -> tuple[dict, dict, dict]:
+    """Host copies of a trainer's trainable weights, optimiser states and RNG states (what a
+    checkpoint writes): no second copy of the trainable state on the device. With several ranks a
+    collective (every rank calls this, in the same order): fsdp2's shards are gathered whole, and
+    every rank's generators are kept."""
     from .fsdp import full
 
     def host(x):
@@ -67,29 +68,28 @@ def capture(trainer) -> dict:
            "order_gen": trainer.order_gen.get_state(),
            "torch": torch.get_rng_state(),
            **({"cuda": torch.cuda.get_rng_state()} if trainer.device.type == "cuda" else {})}
-    if trainer.policy.sharded and trainer.world > 1:
-        # Every rank is here: keep each rank's generators (their minibatch shuffles drew on its own
-        # samples), rank 0's under the plain names, so resume is exact on every rank.
+    if trainer.world > 1:
+        # Keep each rank's generators (their minibatch shuffles drew on its own samples), rank 0's
+        # under the plain names, so resume is exact on every rank.
         import torch.distributed as dist
 
         ranks: list = [None] * trainer.world
         dist.all_gather_object(ranks, rng)
         rng = {**ranks[0], **{f"rank{r}/{k}": v for r in range(1, trainer.world) for k, v in ranks[r].items()}}
-    return {"weights": {n: host(p) for n, p in trainer.named_weights().items()}, "optim": optim, "rng": rng,
-            "update_count": trainer.update_count}
+    return {n: host(p) for n, p in trainer.named_weights().items()}, optim, rng
 
 
-def restore(trainer, snap: dict) -> None:
-    """Write ``capture``'s state (or a checkpoint's, whole tensors) back into the trainer; under fsdp2
-    each rank keeps its shard."""
+def restore(trainer, weights: dict, optim: dict, rng: dict) -> None:
+    """Write a checkpoint's state (whole tensors) back into the trainer; under fsdp2 each rank keeps
+    its shard."""
     from .fsdp import copy_full_, load_optimizer
 
     for n, p in trainer.named_weights().items():
-        copy_full_(p, snap["weights"][n])
+        copy_full_(p, weights[n])
     for k, o in trainer.optimizers().items():
-        load_optimizer(o, snap["optim"][k])  # load_state_dict copies what it keeps
-    own = {k.split("/", 1)[1]: v for k, v in snap["rng"].items() if k.startswith(f"rank{trainer.rank}/")}
-    rng = {**snap["rng"], **own}  # this rank's states where the checkpoint has them, else rank 0's
+        load_optimizer(o, optim[k])  # load_state_dict copies what it keeps
+    own = {k.split("/", 1)[1]: v for k, v in rng.items() if k.startswith(f"rank{trainer.rank}/")}
+    rng = {**rng, **own}  # this rank's states where the checkpoint has them, else rank 0's
     for k, g in trainer.gens.items():
         if f"gen/{k}" in rng:  # absent in checkpoints from before per-group generators
             g.set_state(rng[f"gen/{k}"])
@@ -97,7 +97,6 @@ def restore(trainer, snap: dict) -> None:
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and trainer.device.type == "cuda":
         torch.cuda.set_rng_state(rng["cuda"])
-    trainer.update_count = snap["update_count"]
 
 
 def write(directory, weights: dict, optimizers: dict, rng: dict, state: dict) -> Path:
@@ -148,9 +147,10 @@ def read(directory, device: torch.device) -> tuple[dict, dict, dict, dict]:
 
 
 def save_adapters(policy, directory, whole: dict[str, torch.Tensor] | None = None) -> Path:
-    """Write ``<dir>/<agent>/adapter_model.safetensors + adapter_config.json`` for every agent. Under
-    fsdp2 a collective (every rank gathers the LoRA shards) and only rank 0 writes; ``whole``: LoRA
-    weights already gathered (``capture``'s), by parameter name."""
+    """Write ``<dir>/<agent>/adapter_model.safetensors + adapter_config.json`` for every agent. With
+    several ranks a collective: rank 0 writes (under fsdp2 every rank gathers the LoRA shards first)
+    and every rank returns once the files exist; ``whole``: LoRA weights already gathered
+    (``capture``'s), by parameter name."""
     import shutil
     import tempfile
 
@@ -163,7 +163,8 @@ def save_adapters(policy, directory, whole: dict[str, torch.Tensor] | None = Non
     if policy.sharded:  # whole tensors, in the same order on every rank
         state = {n: whole[n] if whole is not None else full(p).detach().cpu()
                  for n, p in policy.model.named_parameters() if "lora_" in n}
-    if not policy.sharded or dist.get_rank() == 0:
+    several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if not several or dist.get_rank() == 0:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=directory) as tmp:
             extra = {"state_dict": state} if state is not None else {}
@@ -174,7 +175,7 @@ def save_adapters(policy, directory, whole: dict[str, torch.Tensor] | None = Non
                 if dst.exists():
                     shutil.rmtree(dst)
                 shutil.copytree(src, dst)
-    if policy.sharded:
+    if several:
         dist.barrier()  # every rank returns once the files exist
     return directory
 

@@ -90,7 +90,7 @@ class MarftConfig(BaseModel):
 
     # Offline data and rollouts.
     batch_episodes: int = Field(64, ge=1)  # episodes per update (`marft train`, on-policy rollouts)
-    checkpoint_every: int = Field(10, ge=1)  # updates between checkpoints when an out dir is set
+    checkpoint_every: int | None = Field(10, ge=1)  # updates between checkpoints with an out dir (None: never)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> MarftConfig:

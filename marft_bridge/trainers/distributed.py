@@ -132,7 +132,7 @@ def all_finite(params: list[torch.Tensor], device: torch.device) -> bool:
     """Every weight finite, on every rank's shard (the ranks must agree whether to roll back)."""
     from .fsdp import is_sharded, local
 
-    ok = all(bool(torch.isfinite(local(p)).all()) for p in params)
+    ok = bool(torch.stack([torch.isfinite(local(p)).all() for p in params]).all()) if params else True  # one sync
     if any(is_sharded(p) for p in params):
         ok = not any_rank(not ok, device)
     return ok

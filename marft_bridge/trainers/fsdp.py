@@ -6,7 +6,7 @@ tied or not). Each rank keeps 1/world of every parameter; a unit's parameters ar
 before it runs and freed after it (forward and backward; FSDP prefetches the next layer), so a rank
 holds its shards plus about two decoder layers and the root unit unsharded. The root unit stays
 gathered for the whole of each pass: embeddings and LM head, 2 x vocab x hidden (one if tied), e.g.
-2 GB in bf16 at a 128k vocabulary and hidden 8192. Communication: each forward all-gathers the whole
+4 GB in bf16 at a 128k vocabulary and hidden 8192 (2 GB tied). Communication: each forward all-gathers the whole
 base once (the proximal and reference passes: twice per micro-batch), each backward again, and each
 backward reduce-scatters the active adapter's gradients.
 
@@ -68,6 +68,14 @@ def shard_like(value: torch.Tensor, like) -> torch.Tensor:
                              src_data_rank=None)
 
 
+def from_local_like(shard: torch.Tensor, like) -> torch.Tensor:
+    """This rank's ``shard`` of a tensor sharded like ``like`` (a copy on its device): no collective."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(shard.to(like.device, copy=True), like.device_mesh, like.placements, run_check=False,
+                              shape=like.shape, stride=like.stride())
+
+
 def copy_full_(param: torch.Tensor, value: torch.Tensor) -> None:
     """Write a whole tensor into a (possibly sharded) parameter: each rank its own shard."""
     with torch.no_grad():
@@ -92,7 +100,6 @@ def pad_plan(plan: list[list[int]], device: torch.device) -> list[list[int]]:
     return plan + [[] for _ in range(int(n) - len(plan))]
 
 
-
 class Root(nn.Module):
     """The root FSDP unit: ``root(fn, *args)`` runs ``fn`` inside its forward, so the root unit's
     parameters are all-gathered around whatever ``fn`` does with them (hidden states, the chunked LM
@@ -114,20 +121,6 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
         raise MarftError(f"fsdp2: cannot find the decoder layers of {type(model).__name__} "
                          "(no _no_split_modules); use parallelism 'replicated'")
     return layers
-
-
-def build_meta(base_model_path, dtype):
-    """The base's architecture on the meta device: no memory, no weights read."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.from_pretrained(str(base_model_path))
-    with torch.device("meta"):
-        try:
-            return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
-        except ValueError as e:
-            if "sdpa" not in str(e).lower():
-                raise
-            return AutoModelForCausalLM.from_config(cfg, dtype=dtype)
 
 
 def shard(model: nn.Module, source: nn.Module | None, device: torch.device, rng: torch.Tensor) -> Root:

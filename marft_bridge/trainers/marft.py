@@ -81,7 +81,7 @@ class MarftTrainer:
         if unknown:
             raise MarftError(f"frozen_agents names unknown agents: {sorted(unknown)}")
         self.head = ValueHead(self.policy.hidden_size).to(self.device)
-        self.passes = SamplePasses(self.policy, self.head, lambda: self.config, self.device)
+        self.passes = SamplePasses(self.policy, self.head, lambda: self.config)
         self.optims = {a: torch.optim.AdamW(self.policy.adapter_params(a), lr=config.lr, eps=1e-5,
                                             weight_decay=config.weight_decay) for a in self.policy.adapters}
         self.critic_optim = torch.optim.AdamW(critic_params(self.policy, self.head), lr=config.critic_lr, eps=1e-5,
@@ -118,8 +118,8 @@ class MarftTrainer:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             with open(self.out_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(metrics) + "\n")
-        if self.out_dir and self.update_count % self.config.checkpoint_every == 0 and (
-                self.rank == 0 or self.policy.sharded):  # fsdp2: every rank gathers, rank 0 writes
+        every = self.config.checkpoint_every
+        if self.out_dir and every and self.update_count % every == 0:  # every rank: rank 0 writes
             self.save_checkpoint(self.out_dir / "checkpoint")
         return metrics
 
@@ -325,11 +325,8 @@ class MarftTrainer:
         total, stats = 0.0, dict.fromkeys(("policy_loss", "kl_ref", "entropy", "approx_kl", "clipfrac",
                                            "behaviour_weight"), 0.0)
         with self.policy.grad_mode():
-            for plan in self.passes.gradient_plan([S[i] for i in mb]):
+            for plan in self.passes.gradient_plan([S[i] for i in mb], adapter):  # fsdp2: pads run inside
                 sub = [mb[j] for j in plan]
-                if not sub:  # fsdp2: other ranks still have micro-batches
-                    self.passes.idle(adapter, n=1)
-                    continue
                 ss = [S[i] for i in sub]
                 lm = [len(s.act_ids) for s in ss]
                 new_tok, ent, _, _ = self.passes.forward(adapter, ss, grad=True, entropy=True)  # (N,): N = sum L_b
@@ -370,14 +367,12 @@ class MarftTrainer:
         """Backward of the minibatch's value loss (micro-batched through a LoRA critic backbone); its value."""
         c = self.config
         cat = torch.cat if token_level else torch.stack
-        plans = [list(range(len(mb)))] if feats[mb[0]] is not None else self.passes.gradient_plan([S[i] for i in mb])
+        frozen = feats[mb[0]] is not None
+        plans = [list(range(len(mb)))] if frozen else self.passes.gradient_plan([S[i] for i in mb], None, critic=True)
         total = 0.0
         for plan in plans:
             sub = [mb[j] for j in plan]
-            if not sub:  # fsdp2: other ranks still have micro-batches
-                self.passes.idle(None, n=1, critic=True)
-                continue
-            if feats[sub[0]] is not None:  # frozen backbone: the reference pass's features, head only
+            if frozen:  # the reference pass's features, head only
                 v = self.head(cat([feats[i] for i in sub]))
             else:
                 ss = [S[i] for i in sub]
@@ -473,7 +468,7 @@ class MarftTrainer:
 
     def save_checkpoint(self, directory) -> Path:
         """Adapters (peft dirs), all trainable weights, optimiser states, RNG states and counters
-        (checkpoint.py; under fsdp2 every rank calls it, rank 0 writes)."""
+        (checkpoint.py; with several ranks every rank calls it, rank 0 writes)."""
         return checkpoint.save(self, directory)
 
     def load_checkpoint(self, directory) -> None:

@@ -22,9 +22,8 @@ from .policy import MultiAgentPolicy, pack
 class SamplePasses:
     """Micro-batched forwards of the policy (an adapter, or the reference) and the critic over samples."""
 
-    def __init__(self, policy: MultiAgentPolicy, head: ValueHead, config: Callable[[], MarftConfig],
-                 device: torch.device):
-        self.policy, self.head, self.device = policy, head, device
+    def __init__(self, policy: MultiAgentPolicy, head: ValueHead, config: Callable[[], MarftConfig]):
+        self.policy, self.head, self.device = policy, head, policy.device
         self._config = config
 
     @property
@@ -37,13 +36,33 @@ class SamplePasses:
                                self.config.forward_batch_size)
         return fsdp.pad_plan(plan, self.device) if self.policy.sharded else plan  # fsdp2: as many on every rank
 
-    def gradient_plan(self, samples: list[Sample]):
-        """``plan`` for a gradient pass, a micro-batch at a time. Under fsdp2 only the last one's
-        backward reduce-scatters (every rank runs as many): one collective per minibatch."""
+    def gradient_plan(self, samples: list[Sample], adapter, critic: bool = False):
+        """``plan`` for a gradient pass of ``adapter`` (``critic``: the critic's), its non-empty
+        micro-batches a time, for the caller's forward and backward. Under fsdp2 every forward and
+        backward is a collective, so the empty micro-batches that pad this rank's plan to the busiest
+        rank's run here as one-token passes with a zero loss; and only the last micro-batch's
+        backward reduce-scatters: one collective per minibatch."""
         plans = self.plan(samples)
         for k, mb in enumerate(plans):
             self.policy.gradient_sync(k == len(plans) - 1)
-            yield mb
+            if mb:
+                yield mb
+            else:
+                self._padding_pass(adapter, critic)
+
+    def idle(self, adapter, critic: bool = False) -> None:
+        """fsdp2: a rank without samples in this minibatch runs the busiest rank's number of passes."""
+        for _ in self.gradient_plan([], adapter, critic):
+            pass  # every micro-batch of an empty plan is padding
+
+    def _padding_pass(self, adapter, critic: bool) -> None:
+        # FSDP's all-gathers and the reduce-scatter of the adapter's (zero) gradients, as on the other ranks.
+        if critic:
+            out = values(self.policy, self.head, self.empty_pack(), False)
+        else:
+            with self.policy.grad_mode():
+                out = self.forward(adapter, [], grad=True)[3]
+        (out.sum() * 0).backward()
 
     def forward(self, adapter, samples: list[Sample], grad: bool, entropy: bool = False):
         """(token log-probs, token entropies, the packed batch, hidden states) of one micro-batch."""
@@ -93,19 +112,6 @@ class SamplePasses:
                 for i, a, b, vv, ff in zip(chunk, logp.split(lens), logr.split(lens), v, f):
                     prox[i], ref[i], vals[i], feats[i] = a, b, vv, ff
         return prox, ref, vals, feats
-
-    def idle(self, adapter, n: int | None = None, critic: bool = False) -> None:
-        """fsdp2: every forward and backward is a collective, so a rank out of samples runs ``n`` (None:
-        as many as the busiest rank, as ``gradient_plan``) one-token gradient passes with a zero loss:
-        FSDP's all-gathers and the reduce-scatter of the adapter's (zero) gradients run as on the other
-        ranks. ``n=1``: one pass inside the caller's ``gradient_plan``."""
-        for _ in self.gradient_plan([]) if n is None else range(n):
-            if critic:
-                out = values(self.policy, self.head, self.empty_pack(), False)
-            else:
-                with self.policy.grad_mode():
-                    out = self.forward(adapter, [], grad=True)[3]
-            (out.sum() * 0).backward()
 
     def empty_pack(self):
         """An fsdp2 rank's padding micro-batch: token 0 as the observation, no action token."""

@@ -103,15 +103,28 @@ class _TrainMode:
         self.model.train(self.was_training)
 
 
-def _load_base(path, dtype):
-    from transformers import AutoModelForCausalLM
-
+def _with_sdpa(build, *args, **kwargs):
+    """``build(..., attn_implementation="sdpa")``, or without it for an architecture with no sdpa path."""
     try:
-        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
+        return build(*args, attn_implementation="sdpa", **kwargs)
     except ValueError as e:
         if "sdpa" not in str(e).lower():
             raise
-        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)  # architecture without an sdpa path
+        return build(*args, **kwargs)
+
+
+def _load_base(path, dtype):
+    from transformers import AutoModelForCausalLM
+
+    return _with_sdpa(AutoModelForCausalLM.from_pretrained, str(path), dtype=dtype)
+
+
+def _meta_base(path, dtype):
+    """The base's architecture on the meta device (fsdp2): no memory, no weights read."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return _with_sdpa(AutoModelForCausalLM.from_config, AutoConfig.from_pretrained(str(path)), dtype=dtype)
 
 
 class MultiAgentPolicy:
@@ -136,7 +149,7 @@ class MultiAgentPolicy:
                 if dist.get_rank() == 0:
                     source = self._peft(_load_base(base_model_path, dtype), agents)
                 rng = torch.get_rng_state()  # rank 0's after the LoRA init (meta-device init may draw)
-                base = fsdp.build_meta(base_model_path, dtype)
+                base = _meta_base(base_model_path, dtype)
             else:
                 base = _load_base(base_model_path, dtype).to(device)
         except (OSError, ValueError) as e:

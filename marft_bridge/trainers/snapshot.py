@@ -20,7 +20,7 @@ from typing import Iterable
 
 import torch
 
-from .fsdp import is_sharded, local
+from .fsdp import from_local_like, is_sharded, local
 
 Group = tuple[dict[str, torch.Tensor], torch.optim.Optimizer]  # named weights, their optimiser
 
@@ -31,30 +31,16 @@ class RollbackSnapshot:
         self.weights: dict[str, dict[str, torch.Tensor]] = {}
         self.optim: dict[str, dict] = {}
         self._bufs: dict[tuple, torch.Tensor] = {}
-        self._specs: dict[tuple, tuple] = {}  # sharded optimiser states: how to rebuild the DTensor
 
     def _host(self, key: tuple, t: torch.Tensor) -> torch.Tensor:
+        """A host copy of ``t`` (fsdp2: of this rank's shard) in a buffer kept for the next snapshot."""
         buf = self._bufs.get(key)
         shape = local(t).shape
         if buf is None or buf.shape != shape or buf.dtype != t.dtype:
             buf = torch.empty(shape, dtype=t.dtype, device="cpu", pin_memory=self.pin)
             self._bufs[key] = buf
-        if is_sharded(t):  # fsdp2: this rank's shard
-            self._specs[key] = (t.device_mesh, t.placements, t.shape, t.stride())
         buf.copy_(local(t.detach()), non_blocking=self.pin)
         return buf
-
-    def _restored(self, key: tuple, buf: torch.Tensor) -> torch.Tensor:
-        # A clone, so later snapshots into the reused buffers cannot alias the optimiser's state;
-        # a sharded moment becomes a DTensor again (the buffer holds only this rank's shard).
-        spec = self._specs.get(key)
-        if spec is None:
-            return buf.clone()
-        from torch.distributed.tensor import DTensor
-
-        mesh, placements, shape, stride = spec
-        return DTensor.from_local(buf.to(mesh.device_type, copy=True), mesh, placements, run_check=False,
-                                  shape=shape, stride=stride)
 
     def take(self, groups: dict[str, Group], changed: Iterable[str] | None = None) -> None:
         """Copy the named groups (all when ``changed`` is None) to host memory."""
@@ -75,10 +61,18 @@ class RollbackSnapshot:
             with torch.no_grad():
                 for n, t in named.items():
                     local(t).copy_(self.weights[g][n])
-            # load_state_dict copies the moments back onto each parameter's device.
+            # load_state_dict copies the moments back onto each parameter's device. Copies, so later
+            # snapshots into the reused buffers cannot alias the optimiser's state; a sharded
+            # parameter's moments (this rank's shard in the buffer) are sharded like it again.
+            params = [p for pg in opt.param_groups for p in pg["params"]]
+
+            def moment(pid: int, v: torch.Tensor) -> torch.Tensor:
+                p = params[pid]
+                return from_local_like(v, p) if is_sharded(p) and v.shape == local(p).shape else v.clone()
+
             sd = self.optim[g]
-            opt.load_state_dict({"state": {pid: {k: self._restored((g, "o", pid, k), v) if torch.is_tensor(v) else v
-                                                 for k, v in st.items()} for pid, st in sd["state"].items()},
+            opt.load_state_dict({"state": {pid: {k: moment(pid, v) if torch.is_tensor(v) else v for k, v in st.items()}
+                                           for pid, st in sd["state"].items()},
                                  "param_groups": sd["param_groups"]})
 
     def nbytes(self) -> int:
