@@ -55,10 +55,10 @@ Listeners
     with every finished episode (the OpenTelemetry span emitter uses it).
 
 Error accounting (``guarded``, ``capture_error``, ``capture_stats``, ``reset_capture_stats``) lives
-in ``capture_errors``; ``current_episode`` and the registry integrations register with
-(``register_episode_finder``, ``register_task_context``, ``FrameworkTask``, ``current_framework_task``,
-``in_framework_task``, ``record_in_framework_task``) in ``episode_context``. All of these are
-importable from here too.
+in ``capture_errors``; ``capture_stats`` and ``reset_capture_stats`` are importable from here too
+(the README names them here). ``current_episode`` and the registry integrations register with
+(``register_episode_finder``, ``register_task_context``, ``record_in_framework_task``, ...) live in
+``episode_context``.
 """
 
 from __future__ import annotations
@@ -74,9 +74,6 @@ from typing import Any
 from .capture_errors import capture_error, guarded
 from .capture_errors import capture_stats, reset_capture_stats  # noqa: F401 - public here too (README)
 from .episode_context import CURRENT_EPISODE, current_episode
-from .episode_context import (  # noqa: F401 - public here too: integrations register with recording (DESIGN.md)
-    FrameworkTask, current_framework_task, in_framework_task, record_in_framework_task, register_episode_finder,
-    register_task_context)
 from .schema import Action, Episode, Observation, Output, Policy, Reward, SamplingParams, utcnow
 
 

@@ -3,7 +3,7 @@
 Node h reads only channel ``m{h}`` (the symbol it is handed; ``m0`` is the secret word) and the
 episode's ``seed``, and writes ``m{h+1}``; the last node writes ``answer``. Each node asks a
 :class:`BatchSampler` for its reply and records the action through the capture's framework-task
-API (``recording.record_in_framework_task``), so step, dependency edges (from LangGraph's channel
+API (``episode_context.record_in_framework_task``), so step, dependency edges (from LangGraph's channel
 provenance), episode and reward come from the same capture path a deployed app goes through.
 
 The sampler is the trainer's in-process ``RolloutPolicy`` (token ids and behaviour log-probs
@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, TypedDict
 
-from .. import recording
+from ..episode_context import record_in_framework_task
 from .relay import RelaySpec, reward
 
 SEED_STRIDE = 16  # generator seed of hop h in a rollout: rollout_seed * SEED_STRIDE + h
@@ -97,7 +97,7 @@ def build_graph(spec: RelaySpec, sampler: BatchSampler):
 
         async def act(state: dict) -> dict:
             a = await sampler.act(hop, agent, spec.messages(hop, state[channel(hop)]), int(state["seed"]))
-            recording.record_in_framework_task({"observation": a.observation, "output": a.output,
+            record_in_framework_task({"observation": a.observation, "output": a.output,
                                                 "sampling": a.sampling, "policy": a.policy})
             return {out_key: a.output.text}
 
