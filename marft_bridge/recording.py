@@ -143,10 +143,10 @@ def _dump(value: Any) -> Any:
 def _fast_id() -> str:
     # 32 hex digits laid out like a UUIDv7: 48 bits of Unix milliseconds, then 80 random bits.
     # Time-ordered keys land at the end of the store's b-trees, so a commit writes a few pages
-    # instead of one random page per episode per index (0.32 instead of 0.42-0.52 ms CPU per
-    # stored episode at 20k episodes: benchmarks/capture_overhead.py --stored 20000). ``random``
-    # (no system call per id, hot path) reseeds itself in forked children, so processes do not
-    # repeat ids.
+    # instead of one random page per episode per index (README, "Trace store"; measured by
+    # benchmarks/capture_overhead.py --stored N). ``random`` (no system call per id, hot path)
+    # reseeds itself in forked children, so processes do not repeat ids. Span ids take the random
+    # tail (propagation.span_id).
     return f"{(time.time_ns() // 1_000_000) << 80 | random.getrandbits(80):032x}"
 
 
