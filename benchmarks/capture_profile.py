@@ -1,7 +1,7 @@
 """Where a captured invoke's time goes: our own code's share of a sampled profile, and the cost of
 validating one captured episode, beside a plain invoke. The same app as capture_overhead.py.
 
-    py-spy record -f raw -r 1000 -o cap.raw -- .venv/bin/python benchmarks/capture_profile.py
+    py-spy record -f raw -r 250 -o cap.raw -- .venv/bin/python benchmarks/capture_profile.py
     .venv/bin/python benchmarks/capture_profile.py --share cap.raw
     .venv/bin/python benchmarks/capture_profile.py --validation
 
