@@ -64,13 +64,9 @@ def test_two_gloo_processes_end_a_step_with_identical_token_weighted_adapters(ti
 
     from marft_bridge.trainers.config import MarftConfig
     from marft_bridge.trainers.marft import MarftTrainer
-    from marft_bridge.trainers.rollout import RolloutPolicy
-    from test_trainer import make_env
 
     torch.set_num_threads(1)
-    tr = MarftTrainer(MarftConfig(), tiny_model_dir, agents=["a", "b"])
-    eps = make_env(3)(RolloutPolicy(tr), 15, 21)  # odd count: the ranks get 8 and 7 episodes
-    (tmp_path / "eps.jsonl").write_text("".join(e.model_dump_json() + "\n" for e in eps))
+    eps = write_episodes(tiny_model_dir, tmp_path / "eps.jsonl")
     run_torchrun(WORKER, [str(tiny_model_dir), str(tmp_path / "eps.jsonl"), str(tmp_path), json.dumps(CONFIG)],
                  tmp_path, launcher=launcher)
     s0, s1 = (json.loads((tmp_path / f"summary{k}.json").read_text()) for k in (0, 1))
@@ -133,6 +129,19 @@ COLLECTIVES = textwrap.dedent("""
         f.write(repr({"g": g, "g2": [p.grad.tolist() for p in params], "seen": seen, "counts": counts}))
     dist.destroy_process_group()
 """)
+
+
+def write_episodes(model_dir, path):
+    """15 episodes sampled by an untrained trainer (an odd count: two ranks get 8 and 7), written to
+    ``path`` as JSON lines for the workers; returned."""
+    from marft_bridge.trainers.config import MarftConfig
+    from marft_bridge.trainers.marft import MarftTrainer
+    from marft_bridge.trainers.rollout import RolloutPolicy
+    from test_trainer import make_env
+
+    eps = make_env(3)(RolloutPolicy(MarftTrainer(MarftConfig(), model_dir, agents=["a", "b"])), 15, 21)
+    path.write_text("".join(e.model_dump_json() + "\n" for e in eps))
+    return eps
 
 
 def run_torchrun(script, args, tmp_path, timeout=240, launcher="torchrun"):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from test_trainer_ddp import run_torchrun
+from test_trainer_ddp import run_torchrun, write_episodes
 
 # As the DDP test: one minibatch, no advantage normalisation, so the split over ranks is the only
 # difference from one process. Small micro-batches: the ranks run different numbers of them.
@@ -98,9 +98,7 @@ def test_fsdp2_two_gloo_processes_train_the_adapters_of_one_process(tiny_model_d
     from test_trainer import make_env
 
     torch.set_num_threads(1)
-    tr = MarftTrainer(MarftConfig(), tiny_model_dir, agents=["a", "b"])
-    eps = make_env(3)(RolloutPolicy(tr), 15, 21)  # odd count: the ranks get 8 and 7 episodes
-    (tmp_path / "eps.jsonl").write_text("".join(e.model_dump_json() + "\n" for e in eps))
+    eps = write_episodes(tiny_model_dir, tmp_path / "eps.jsonl")
     tests = str(Path(__file__).parent)
     run_torchrun(WORKER, [str(tiny_model_dir), str(tmp_path / "eps.jsonl"), str(tmp_path), json.dumps(CONFIG), tests],
                  tmp_path)
@@ -207,12 +205,9 @@ def test_fsdp2_over_a_bf16_base_trains_fp32_adapters_like_one_process(tiny_model
     entries of up to 1.8e-2 after the update)."""
     from marft_bridge.trainers.config import MarftConfig
     from marft_bridge.trainers.marft import MarftTrainer
-    from marft_bridge.trainers.rollout import RolloutPolicy
-    from test_trainer import make_env
 
     torch.set_num_threads(1)
-    eps = make_env(3)(RolloutPolicy(MarftTrainer(MarftConfig(), tiny_model_dir, agents=["a", "b"])), 15, 21)
-    (tmp_path / "eps.jsonl").write_text("".join(e.model_dump_json() + "\n" for e in eps))
+    eps = write_episodes(tiny_model_dir, tmp_path / "eps.jsonl")
     config = {**CONFIG, "base_dtype": "bfloat16"}
     run_torchrun(BF16_WORKER, [str(tiny_model_dir), str(tmp_path / "eps.jsonl"), str(tmp_path), json.dumps(config)],
                  tmp_path, launcher="accelerate")  # fsdp2 under `accelerate launch` too
