@@ -6,9 +6,11 @@ tied or not). Each rank keeps 1/world of every parameter; a unit's parameters ar
 before it runs and freed after it (forward and backward; FSDP prefetches the next layer), so a rank
 holds its shards plus about two decoder layers and the root unit unsharded. The root unit stays
 gathered for the whole of each pass: embeddings and LM head, 2 x vocab x hidden (one if tied), e.g.
-4 GB in bf16 at a 128k vocabulary and hidden 8192 (2 GB tied). Communication: each forward all-gathers the whole
-base once (the proximal and reference passes: twice per micro-batch), each backward again, and each
-backward reduce-scatters the active adapter's gradients.
+4 GB in bf16 at a 128k vocabulary and hidden 8192 (2 GB tied). Communication: each forward
+all-gathers the whole base once (the proximal and reference passes: twice per micro-batch), each
+backward again, and the last backward of a minibatch reduce-scatters the active adapter's
+gradients. On-policy sampling all-gathers the whole base for every generated token (each decoding
+step is a forward): under fsdp2, sample outside the trainer (``marft serve`` or vLLM) at scale.
 
 * Every call into the model goes through ``Root.forward`` (``MultiAgentPolicy._call``): the chunked
   LM head (logprobs.py) reads ``lm_head.weight`` outside the HF forward, which is right only while
