@@ -10,7 +10,8 @@ gathered for the whole of each pass: embeddings and LM head, 2 x vocab x hidden 
 all-gathers the whole base once (the proximal and reference passes: twice per micro-batch), each
 backward again, and the last backward of a minibatch reduce-scatters the active adapter's
 gradients. On-policy sampling all-gathers the whole base for every generated token (each decoding
-step is a forward): under fsdp2, sample outside the trainer (``marft serve`` or vLLM) at scale.
+step is a forward): at scale roll out through ``marft serve`` or vLLM and ``train_on`` the captured
+episodes.
 
 * Every call into the model goes through ``Root.forward`` (``MultiAgentPolicy._call``): the chunked
   LM head (logprobs.py) reads ``lm_head.weight`` outside the HF forward, which is right only while
