@@ -152,8 +152,9 @@ def test_hand_built_graph_tool_node_command_router_and_tool_invoke(sqlite_store)
     assert graph(ep) == {
         "planner:llm#0": (1, []),
         "router:env#0": (2, ["planner:llm#0"]),  # calls neither a model nor a tool; routes with Command(goto=)
-        "planner:tool:lookup#0": (3, ["planner:llm#0", "router:env#0"]),
-        "planner:tool:broken#0": (3, ["planner:llm#0", "router:env#0"]),
+        # the ToolNode reads the whole message list; each tool step depends on the call that asked for it
+        "planner:tool:lookup#0": (3, ["planner:llm#0"]),
+        "planner:tool:broken#0": (3, ["planner:llm#0"]),
         "planner:llm#1": (4, ["planner:llm#0", "planner:tool:broken#0", "planner:tool:lookup#0"]),
         "router:env#1": (5, ["planner:llm#0", "planner:llm#1", "planner:tool:broken#0", "planner:tool:lookup#0"]),
         # tool.invoke by hand in a node: the node's own tool step

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -60,12 +61,14 @@ def supported(v: tuple[int, ...] | None = None) -> bool:
 class _LoopState:
     """Provenance of one Pregel loop's channels (a root graph or a subgraph)."""
 
-    __slots__ = ("loop", "run", "parent", "prov", "sends", "seen", "resumed", "bubbled")
+    __slots__ = ("loop", "run", "parent", "prov", "sends", "seen", "resumed", "bubbled", "key_prov")
 
     def __init__(self, loop: Any, run: Any, parent: Task | None):
         self.loop = loop
         self.run = run
         self.parent = parent
+        # A subgraph run on its parent task's input: per input key, where that part came from.
+        self.key_prov: dict[str, frozenset[str]] | None = _key_provenance(parent, loop.input) if parent else None
         self.prov: dict[str, frozenset[str]] = {}
         self.sends: dict[int, tuple[Any, frozenset[str]]] = {}  # id(Send.arg) -> (Send, provenance)
         self.seen: set[str] = set()
@@ -94,6 +97,21 @@ class _ThreadHistory:
         self.prov = st.prov
         self.versions = dict(st.loop.checkpoint["channel_versions"])
         self.stopped = {tid: (t.deps, list(t.actions)) for tid in st.loop.tasks if (t := TASKS.get(tid)) is not None}
+
+
+def _key_provenance(parent: Task, sub_input: Any) -> dict[str, frozenset[str]] | None:
+    """Per key of a subgraph's input, the provenance of that part of its parent task's input: the
+    channels a node read, or for a ``Send`` the channels each value came from (else the sender).
+    None when the graph runs on something else (a node that invokes a graph on its own input)."""
+    if parent.reads is None:
+        return None
+    pst, task_input, chans = parent.reads
+    if sub_input is not task_input or not isinstance(task_input, Mapping):
+        return None
+    if chans is not None:
+        return {k: pst.prov.get(k, pv.EMPTY) for k in task_input}
+    values = {c: ch.get() for c, ch in pst.loop.channels.items() if ch.is_available()}
+    return {k: pv.value_provenance(v, values, pst.prov, parent.deps) for k, v in task_input.items()}
 
 
 def _attach(h: CaptureHandler, loop: Any) -> _LoopState | None:
@@ -189,20 +207,28 @@ def _register_tasks(st: _LoopState) -> None:
         st.seen.add(task.id)
         internal = task.name.startswith("__")
         resumed = st.resumed.get(task.id)
+        reads = None
         if resumed is not None:
             deps = resumed[0]  # a task of the step an earlier run stopped in: the same inputs
         elif internal:
-            deps = parent.deps if parent is not None else pv.EMPTY
+            kp = st.key_prov
+            if kp is not None:  # what the subgraph's input schema keeps (its start task writes them)
+                deps = pv.EMPTY.union(*(p for k, p in kp.items() if k in loop.channels))
+            else:
+                deps = parent.deps if parent is not None else pv.EMPTY
         elif task.path and task.path[0] == _PUSH:
             sent = st.sends.get(id(task.input))
             deps = sent[1] if sent is not None and sent[0].arg is task.input else pv.EMPTY.union(
                 *(p for _, p in st.sends.values()))
+            reads = (st, task.input, None)
         else:
             node = loop.nodes.get(task.name)
             chans = getattr(node, "channels", None) or []
             chans = [chans] if isinstance(chans, str) else list(chans)
             deps = pv.inputs(st.prov, (*chans, *task.triggers, _PREVIOUS))
+            reads = (st, task.input, chans)
         t = TASKS[task.id] = _new_task(st, task, deps, internal)
+        t.reads = reads
         if resumed is not None and task.writes:
             t.actions.extend(resumed[1])  # it had finished: its saved writes come back, it does not run again
         st.run.task_ids.append(task.id)
@@ -227,7 +253,10 @@ def _apply_writes(st: _LoopState) -> None:
                     st.sends[id(val.arg)] = (val, out)
             else:
                 chans.append(ch)
-        step.append((out, chans))
+        if t.internal and st.key_prov is not None:
+            step.extend(pv.subgraph_writes(st.key_prov, chans))
+        else:
+            step.append((out, chans))
     pv.apply_writes(st.prov, step, st.accumulates)
 
 

@@ -31,7 +31,7 @@ class Task:
     """One task of a captured run: agent, step, inputs' provenance and the actions it recorded."""
 
     __slots__ = ("id", "run", "agent", "node", "step", "lg_steps", "ns", "deps", "actions", "children", "internal",
-                 "calls", "started", "pushed", "pusher", "received")
+                 "calls", "started", "pushed", "pusher", "received", "reads")
 
     def __init__(self, id: str, run: Any, agent: str, node: str, step: int | None, lg_steps: list[int], ns: str,
                  deps: frozenset[str], internal: bool = False):
@@ -51,6 +51,9 @@ class Task:
         self.pushed: list[Task] = []  # functional-API tasks this task started (``@task`` calls)
         self.pusher: Task | None = None
         self.received: set[Task] = set()  # those of them whose result it has read
+        # What its input was made of, for a subgraph it runs (``key_provenance``): (the loop state
+        # that scheduled it, its input, the channels it read or None for a ``Send``).
+        self.reads: tuple[Any, Any, Any] | None = None
 
 
 def seen(t: Task) -> frozenset[str]:
@@ -114,6 +117,29 @@ def restore(prov_then: Mapping[str, frozenset[str]], versions_then: Mapping[str,
     """The provenance a later run on a checkpointed thread starts from (see the module docstring)."""
     return {ch: p for ch, p in prov_then.items()
             if versions_now.get(ch) == versions_then.get(ch) or accumulates(ch)}
+
+
+_SCALARS = (type(None), bool, int, float)
+
+
+def value_provenance(value: Any, channel_values: Mapping[str, Any], prov: Mapping[str, frozenset[str]],
+                     fallback: frozenset[str]) -> frozenset[str]:
+    """Where a value a ``Send`` carries came from: the channels holding it as their value or as one
+    of its items (by identity), else ``fallback`` (the sender: it computed the value)."""
+    if isinstance(value, _SCALARS):
+        return fallback
+    hits = [c for c, v in channel_values.items()
+            if v is value or (isinstance(v, (list, tuple)) and any(x is value for x in v))]
+    return EMPTY.union(*(prov.get(c, EMPTY) for c in hits)) if hits else fallback
+
+
+def subgraph_writes(key_prov: Mapping[str, frozenset[str]], channels: Iterable[str]) -> list[tuple[frozenset[str], list[str]]]:
+    """A subgraph's start task's writes, channel by channel: each input key carries the provenance of
+    the part of the parent task's input it came from (the keys its input schema drops carry nothing);
+    the other channels it writes (its triggers) carry those keys' provenance together."""
+    channels = list(channels)
+    own = EMPTY.union(*(key_prov[c] for c in channels if c in key_prov))
+    return [(key_prov.get(c, own), [c]) for c in channels]
 
 
 def public_deps(tasks: Iterable[Task], task: Task) -> frozenset[str]:

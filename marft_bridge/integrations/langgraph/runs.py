@@ -40,14 +40,27 @@ RUN: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("marft_langgra
 
 class _Scope:
     """What the runs that join one episode share: recording order (depends_on lists stay in it
-    across runs) and each checkpointed thread's history, by (thread_id, checkpoint_ns)."""
+    across runs), each checkpointed thread's history, by (thread_id, checkpoint_ns), and the tool
+    calls its model calls asked for (a tool interrupted in one run runs again in the next)."""
 
-    __slots__ = ("lock", "order", "threads")
+    __slots__ = ("lock", "order", "threads", "calls")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.order: dict[str, int] = {}
         self.threads: dict[tuple[str, str], Any] = {}
+        self.calls = ToolCalls()
+
+
+class ToolCalls:
+    """The tool calls model calls asked for and which were answered (see ``tools.py``)."""
+
+    __slots__ = ("owners", "answered_calls")
+
+    def __init__(self) -> None:
+        # tool_call_id (and name+arguments, and name alone) -> (model call id, agent, tool_call_id, arguments)
+        self.owners: dict[str, tuple[str, str, str | None, str | None]] = {}
+        self.answered_calls: set[tuple[str, str | None]] = set()  # (model call id, tool_call_id) answered
 
 
 def scope(rec: EpisodeRecorder) -> _Scope:
@@ -73,10 +86,8 @@ class _Run:
         self.order: dict[str, int] = self.scope.order if self.scope else {}
         self.task_ids: list[str] = []
         self.public: dict[str, Task] = {}  # public tier: tasks by checkpoint namespace
-        # Tool calls the run's model calls asked for: tool_call_id (and name+arguments) -> (action id, agent, id, arguments).
-        self.tool_calls: dict[str, tuple[str, str, str | None, str | None]] = {}
-        self.answered: dict[str, set[str]] = {}  # model call id -> the tool steps that answered it
-        self.answered_calls: set[tuple[str, str | None]] = set()  # (model call id, tool_call_id) answered
+        # Tool calls asked for: per episode, so a run resumed after an interrupt finds their owners.
+        self.calls = self.scope.calls if self.scope else ToolCalls()
         self.finished = False
 
     def sorted_ids(self, ids: Any) -> list[str]:

@@ -8,10 +8,12 @@ assistant tool call (``{"id", "type": "function", "function": {"name", "argument
 ``handoff.goto`` / ``handoff.graph``.
 
 The step is an action of the agent whose model call asked for it (matched by ``tool_call_id``,
-else by name and arguments; a tool called by hand in a node: the node's agent), depends on that
-model call and on what the task had seen, and is one of the running task's actions, so the task's
-writes (the ToolMessage) carry it to the agent's next model call. A tool interrupted by
-``interrupt()`` (a ``GraphBubbleUp``) runs again on resume and is recorded then.
+else by name and arguments, among the calls of every run of the episode: a tool interrupted by
+``interrupt()`` runs again in the resuming run), depends on that model call only (its arguments
+are what it reads, whatever state the tool node was handed), and is one of the running task's
+actions, so the task's writes (the ToolMessage) carry it to the agent's next model call. A tool
+called by hand in a node is the node agent's and depends on what the node had seen. A tool
+interrupted by ``interrupt()`` (a ``GraphBubbleUp``) is recorded when it runs again on resume.
 """
 
 from __future__ import annotations
@@ -50,24 +52,27 @@ def note_calls(run: Any, action_id: str, agent: str, calls: list[dict] | None) -
     for c in calls or ():
         fn = c.get("function") or {}
         owner = (action_id, agent, c.get("id"), fn.get("arguments"))
+        owners = run.calls.owners
         with run.lock:
             if c.get("id"):
-                run.tool_calls[c["id"]] = owner
+                owners[c["id"]] = owner
             # By name and arguments too: LangChain before 1.1 does not pass tool_call_id to on_tool_start.
-            run.tool_calls.setdefault(f"{fn.get('name')}\x00{canonical_arguments(fn.get('arguments'))}", owner)
-            run.tool_calls[f"{fn.get('name')}\x00"] = owner  # and by name alone: the latest call of it
+            owners.setdefault(f"{fn.get('name')}\x00{canonical_arguments(fn.get('arguments'))}", owner)
+            owners[f"{fn.get('name')}\x00"] = owner  # and by name alone: the latest call of it
 
 
-def _owner(run: Any, name: str, args: Any, call_id: str | None) -> tuple | None:
+def find_owner(run: Any, name: str, args: Any, call_id: str | None) -> tuple | None:
+    """The model call that asked for this tool call: ``(action id, agent, tool_call_id, arguments)``."""
+    calls = run.calls
     with run.lock:
-        if call_id is not None and call_id in run.tool_calls:
-            return run.tool_calls[call_id]
-        exact = run.tool_calls.get(f"{name}\x00{canonical_arguments(args)}")
+        if call_id is not None and call_id in calls.owners:
+            return calls.owners[call_id]
+        exact = calls.owners.get(f"{name}\x00{canonical_arguments(args)}")
         if exact is not None:
             return exact
         # By name alone only while that call is unanswered: a later tool.invoke by hand is not it.
-        latest = run.tool_calls.get(f"{name}\x00")
-        return latest if latest is not None and (latest[0], latest[2]) not in run.answered_calls else None
+        latest = calls.owners.get(f"{name}\x00")
+        return latest if latest is not None and (latest[0], latest[2]) not in calls.answered_calls else None
 
 
 def start(task: Task, run_id: UUID, name: str, args: Any, call_id: str | None) -> None:
@@ -75,19 +80,18 @@ def start(task: Task, run_id: UUID, name: str, args: Any, call_id: str | None) -
     args = convert.jsonable(args) if not isinstance(args, str) else args
     if call_id is None and isinstance(args, dict) and isinstance(args.get("tool_call_id"), str):
         call_id = args["tool_call_id"]  # an InjectedToolCallId argument (older LangChain passes injected ones)
-    owner = _owner(run, name, args, call_id)
+    owner = find_owner(run, name, args, call_id)
     if owner is not None:
         # The arguments the model asked for (older LangChain reports injected state among the inputs).
         call_id = call_id or owner[2]
         with contextlib.suppress(TypeError, ValueError):
             args = json.loads(owner[3]) if isinstance(owner[3], str) else args
     with run.lock:
-        deps = run.deps_of(task)
         task.calls += 1
-        if owner is not None:
-            # Calls of one model reply run side by side (a ToolNode runs them concurrently): one
-            # answered before this one started is not an input of it.
-            deps = (deps - run.answered.get(owner[0], frozenset())) | {owner[0]}
+        # A tool step depends on the model call that asked for it: its arguments are what it reads
+        # (a ToolNode reading the whole message list reads no more of it). A tool called by hand in
+        # a node depends on what the node had seen.
+        deps = frozenset((owner[0],)) if owner is not None else run.deps_of(task)
     with _LOCK:
         _TOOLS[run_id] = _ToolRun(task, name, args, call_id, owner, deps)
 
@@ -138,8 +142,7 @@ def end(run_id: UUID, output: Any = None, error: BaseException | None = None) ->
         aid = run.record(tr.task, "tool", fields, tr.deps, tr.started, agent=agent)
         if tr.owner is not None:
             with run.lock:
-                run.answered.setdefault(tr.owner[0], set()).add(aid)
-                run.answered_calls.add((tr.owner[0], tr.owner[2]))
+                run.calls.answered_calls.add((tr.owner[0], tr.owner[2]))
     except Exception as e:  # noqa: BLE001 - capture must not break the app
         capture_error("langgraph.tool_end", e, run.recorder)
 
