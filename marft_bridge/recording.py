@@ -44,7 +44,8 @@ API
     message-flow dependency rule for protocols without a graph).
     ``set_task(task)``, ``max_step()``, ``actions()`` (a snapshot), ``action_links()`` (the
     unvalidated ``(kind, agent, step, id, depends_on)`` of each action), ``last_action_id(agent=None)``,
-    ``activate()``, ``wrap(fn)``, ``finish(status="completed", error=None)`` (idempotent; submits
+    ``activate()``, ``wrap(fn)``, ``integration_data`` (a dict each capture integration keeps its
+    per-episode state in, under its own key), ``finish(status="completed", error=None)`` (idempotent; submits
     the episode record to the store, which validates it in its writer thread and dead-letters it
     with the reason if it is invalid), ``episode`` (the finished ``Episode``, validated on demand).
 
@@ -52,13 +53,14 @@ API
 
 Listeners
     ``add_episode_listener(fn)`` / ``remove_episode_listener(fn)``: ``fn(episode)`` is called
-    with every finished episode (the OpenTelemetry span emitter uses it).
+    with every finished episode (the OpenTelemetry span emitter uses it). The listeners are an
+    ``episode_context`` capture state: it exists while one is added.
 
 Error accounting (``guarded``, ``capture_error``, ``capture_stats``, ``reset_capture_stats``) lives
 in ``capture_errors``; ``capture_stats`` and ``reset_capture_stats`` are importable from here too
-(the README names them here). ``current_episode`` and the registry integrations register with
-(``register_episode_finder``, ``register_task_context``, ``record_in_framework_task``, ...) live in
-``episode_context``.
+(the README names them here). ``current_episode``, the framework-task lookups
+(``record_in_framework_task``, ...) and the instrumented integrations' states (``Instrumentor``,
+``CaptureState``) live in ``episode_context``.
 """
 
 from __future__ import annotations
@@ -73,26 +75,37 @@ from typing import Any
 
 from .capture_errors import capture_error, guarded
 from .capture_errors import capture_stats, reset_capture_stats  # noqa: F401 - public here too (README)
-from .episode_context import CURRENT_EPISODE, current_episode
+from . import episode_context
+from .episode_context import CURRENT_EPISODE, CaptureState, Instrumentor, current_episode
 from .schema import Action, Episode, Observation, Output, Policy, Reward, SamplingParams, utcnow
 
 
 # -- listeners -----------------------------------------------------------------------------------
 
-_LISTENERS: list[Callable[[Episode], None]] = []
+
+class _Listeners(CaptureState):
+    """The episode listeners as an active capture state: it exists while one is added."""
+
+    def episode_finished(self, episode: Episode) -> None:
+        for fn in _LISTENERS.holders():
+            with guarded(f"recording.listener {getattr(fn, '__name__', fn)}"):
+                fn(episode)
+
+
+_LISTENERS = Instrumentor(_Listeners)
 
 
 def add_episode_listener(fn: Callable[[Episode], None]) -> None:
-    if fn not in _LISTENERS:
-        _LISTENERS.append(fn)
+    _LISTENERS.instrument(fn)
 
 
 def remove_episode_listener(fn: Callable[[Episode], None]) -> None:
-    if fn in _LISTENERS:
-        _LISTENERS.remove(fn)
+    _LISTENERS.uninstrument(fn)
 
 
 # -- default store -------------------------------------------------------------------------------
+# One default database per process (``TraceStore.open()``, opened on first use), like logging's root
+# logger: a resource every episode without a store shares, not a registry.
 
 _default_store = None
 _default_store_lock = threading.Lock()
@@ -184,6 +197,9 @@ class EpisodeRecorder:
         self._data: dict[str, Any] | None = None
         self._episode: Episode | None = None
         self._invalid = False
+        # What each capture integration keeps about this episode, by integration (it goes with the
+        # recorder: a tool-call index, the runs' shared history).
+        self.integration_data: dict[str, Any] = {}
 
     def __repr__(self) -> str:
         return f"EpisodeRecorder(id={self.id!r}, source={self.source!r}, actions={len(self._actions)})"
@@ -381,11 +397,10 @@ class EpisodeRecorder:
             self.store.submit(data)
         except Exception as e:  # noqa: BLE001 - the store must not break the app either
             capture_error("recording.submit", e)
-        if _LISTENERS:
+        if episode_context.listening():
             ep = self.episode
-            for fn in list(_LISTENERS) if ep is not None else ():
-                with guarded(f"recording.listener {getattr(fn, '__name__', fn)}"):
-                    fn(ep)
+            if ep is not None:
+                episode_context.episode_finished(ep)
         return data
 
     @property

@@ -43,10 +43,11 @@ def registry(server, adapter_dir, tmp_path):
 
 @pytest.fixture(autouse=True)
 def _fresh_capture():
-    oa.install()  # the client hook (instrument() installs it too)
+    oa.instrument()  # the client hook, for the whole test (episode() and instrument() hold it too)
     reset_capture_stats()
     yield
     oa.use_registry(None)
+    oa.uninstrument()
 
 
 def served(sqlite_store, episode_id: str) -> list[tuple]:

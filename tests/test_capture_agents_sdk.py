@@ -12,7 +12,7 @@ from agents import Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runn
 from openai import AsyncOpenAI
 
 import marft_bridge as mb
-from marft_bridge.integrations import openai_agents
+from marft_bridge.integrations import openai_agents, openai_agents_runs
 from marft_bridge.recording import capture_stats, reset_capture_stats
 from fake_responses import FakeServer
 
@@ -26,7 +26,6 @@ def srv():
 @pytest.fixture(autouse=True)
 def _only_our_processor(monkeypatch):
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    openai_agents.install()
     set_trace_processors([openai_agents.trace_processor()])  # no export to the OpenAI backend
     reset_capture_stats()
 
@@ -50,9 +49,10 @@ def check_episode(ep):
     assert [(a.agent, a.kind) for a in acts] == [
         ("triage", "llm"), ("triage", "tool"), ("triage", "llm"), ("triage", "tool"), ("billing", "llm")]
     plan, lookup, route, handoff, bill = acts
-    assert [a.depends_on for a in acts[:4]] == [[], [plan.id], [lookup.id], [route.id]]
-    # billing saw the lookup result (call_lookup), route's text and the handoff's result (call_handoff)
-    assert sorted(bill.depends_on) == sorted([lookup.id, route.id, handoff.id])
+    assert [sorted(a.depends_on) for a in acts[:4]] == [[], [plan.id], sorted([plan.id, lookup.id]), [route.id]]
+    # route read plan's tool call and its result; billing saw plan's and route's tool calls, the
+    # lookup result (call_lookup), route's text and the handoff's result (call_handoff)
+    assert sorted(bill.depends_on) == sorted([plan.id, lookup.id, route.id, handoff.id])
     assert [a.policy.name for a in (plan, route, bill)] == ["triage-model", "triage-model", "billing-model"]
     # what the model saw: instructions as the system message, the tools in chat shape
     assert plan.observation.messages[0].model_dump(exclude_none=True) == {"role": "system", "content": "You route."}
@@ -140,7 +140,7 @@ def test_a_capture_failure_never_reaches_the_run(srv, sqlite_store, monkeypatch)
     def explode(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(openai_agents._Run, "take_call", explode)
+    monkeypatch.setattr(openai_agents_runs.Run, "take_call", explode)
     with mb.capture(store=sqlite_store) as cap:
         result = Runner.run_sync(team(srv.url), "weather in Paris, then bill me")
     assert result.final_output == "billed: Paris: 21C"

@@ -150,7 +150,7 @@ def test_history_goes_with_the_episode(sqlite_store):
     app = mb.instrument(turns_app(), store=sqlite_store)
     with mb.episode(store=sqlite_store, task="t") as ep:
         app.invoke({"question": "q1"}, cfg("t1"))
-        assert [key for key in lg.runs._SCOPES[ep].threads] == [("t1", "")]
+        assert [key for key in lg.runs.scope(ep).threads] == [("t1", "")]
     ref = weakref.ref(ep)
     del ep
     gc.collect()
@@ -260,7 +260,7 @@ def test_subgraph_interrupted_and_resumed_in_one_episode(sqlite_store):
     with mb.episode(store=sqlite_store, task="subgraph") as ep:
         app.invoke({"topic": "tea"}, cfg("t1"))
         out = app.invoke(Command(resume="yes"), cfg("t1"))
-        assert list(lg.runs._SCOPES[ep].threads) == [("t1", "")]  # the finished subgraph's history went
+        assert list(lg.runs.scope(ep).threads) == [("t1", "")]  # the finished subgraph's history went
     assert out == {"topic": "tea", "plan": "plan", "text": "checked"}
     assert stored_edges(sqlite_store, ep.id) == {
         "planner@1": ("llm", []),

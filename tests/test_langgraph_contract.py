@@ -21,7 +21,7 @@ from test_capture_langgraph import chain_app, edges, fake, stored
 
 import marft_bridge as mb
 from marft_bridge import recording
-from marft_bridge.integrations.langgraph import channels, precision
+from marft_bridge.integrations.langgraph import LANGGRAPH, channels, precision
 from marft_bridge.integrations.langgraph import provenance as pv
 
 # -- channel kinds -------------------------------------------------------------------------------
@@ -132,6 +132,11 @@ _LANGCHAIN = [(lc_manager.CallbackManager, "on_chat_model_start"), (lc_manager.C
               (lc_manager.CallbackManagerForLLMRun, "on_llm_end"), (lc_manager.CallbackManagerForLLMRun, "on_llm_error")]
 
 
+def _precise() -> bool:
+    """Whether the precision tier's hooks are in place (the capture state exists and applied them)."""
+    return LANGGRAPH.state is not None and LANGGRAPH.state.hooks.installed
+
+
 def _uninstrument_everything() -> None:
     gc.collect()
     mb.uninstrument()
@@ -140,20 +145,20 @@ def _uninstrument_everything() -> None:
 def test_the_last_uninstrument_puts_every_original_back(sqlite_store):
     _uninstrument_everything()
     originals = {(o, a): vars(o)[a] for o, a in _HOOKED + _LANGCHAIN}
-    assert not precision.installed()
+    assert not _precise()
     one, two = mb.instrument(chain_app(), store=sqlite_store), mb.instrument(chain_app(), store=sqlite_store)
-    assert precision.installed() and _loop.PregelLoop.tick is not originals[(_loop.PregelLoop, "tick")]
+    assert _precise() and _loop.PregelLoop.tick is not originals[(_loop.PregelLoop, "tick")]
     mb.uninstrument(one)
-    assert precision.installed()  # another app is still instrumented
+    assert _precise()  # another app is still instrumented
     two.invoke({"question": "q"})
     mb.uninstrument(two)
     for (owner, attr), original in originals.items():
         assert vars(owner)[attr] is original, attr
     assert _loop.PregelLoop.tick is originals[(_loop.PregelLoop, "tick")]
     with mb.capture(store=sqlite_store):
-        assert precision.installed()
+        assert _precise()
         chain_app().invoke({"question": "q"})
-    assert not precision.installed() and _runner._call is originals[(_runner, "_call")]
+    assert not _precise() and _runner._call is originals[(_runner, "_call")]
 
 
 def test_an_upstream_signature_change_does_not_reach_the_app(sqlite_store, monkeypatch):
@@ -190,13 +195,12 @@ def test_an_upstream_signature_change_does_not_reach_the_app(sqlite_store, monke
 def test_outside_the_supported_range_the_public_tier_records_alone(sqlite_store, monkeypatch, caplog):
     _uninstrument_everything()
     monkeypatch.setattr(precision, "SUPPORTED", ((0, 1), (0, 2)))
-    monkeypatch.setattr(precision, "_warned", False)
     recording.reset_capture_stats()
     with caplog.at_level(logging.WARNING, logger="marft_bridge.capture"):
         app = mb.instrument(chain_app(), store=sqlite_store)
         out = app.invoke({"question": "2+2?"})
         app.invoke({"question": "again"})
-    assert not precision.installed()
+    assert not _precise()
     assert len([r for r in caplog.records if "outside the supported range" in r.getMessage()]) == 1
     assert out["review"] == "looks right"
     ep = stored(sqlite_store, app)
@@ -270,7 +274,7 @@ def test_capture_blocks_work_on_the_public_tier_alone(sqlite_store, monkeypatch)
         assert chain_app().invoke({"question": "q"})["review"] == "looks right"
         fake("plain call outside any graph").invoke("hi")  # no graph run: no episode
         chain_app().invoke({"question": "again"})
-    assert not precision.installed() and len(c.episode_ids) == 2
+    assert not _precise() and len(c.episode_ids) == 2
     sqlite_store.flush()
     for eid in c.episode_ids:
         ep = sqlite_store.get_episode(eid)

@@ -51,9 +51,10 @@ def _run_agent(store, server, calls, answer="done"):
 
 def assert_tool_episode(ep):
     """The exact graph of the example run (add, then summarize with sampling, then the answer)."""
-    assert ep.agents == ["assistant", "tools", "calc"]
+    # The node calling MCP ("tools") runs the assistant's tool calls: the steps are the assistant's.
+    assert ep.agents == ["assistant", "calc"]
     llm1, sampled, llm2 = _by(ep, "assistant", "llm")
-    add, summ = _by(ep, "tools", "tool")
+    add, summ = _by(ep, "assistant", "tool")
     srv_add, srv_summ = _by(ep, "calc", "tool")
     assert llm1.depends_on == []
     # The tool step depends on the model call that asked for it ...
@@ -67,8 +68,9 @@ def assert_tool_episode(ep):
         ("system", "You summarize."), ("user", "Summarize: why is the sky blue?")]
     assert sampled.output.text == "why is the sky blue?" and sampled.policy.name == "assistant"
     assert (sampled.sampling.temperature, sampled.sampling.max_tokens) == (0.0, 32)
-    assert sampled.depends_on == [llm1.id, add.id]
-    assert summ.depends_on == [llm1.id, add.id, sampled.id]
+    # Each tool call depends on the model call that asked for it (not on the other tool's result).
+    assert sampled.depends_on == [llm1.id]
+    assert summ.depends_on == [llm1.id, sampled.id]
     assert summ.output.text == "summary: why is the sky blue?"
     # ... the server's half joins on the client's tool steps ...
     assert srv_add.depends_on == [add.id] and srv_add.step == add.step + 1 and srv_add.output.text == "5"
@@ -110,7 +112,7 @@ def test_error_results_are_failed_steps_and_reach_the_caller_unchanged(sqlite_st
     got = [m.content for m in out["messages"] if m.type == "tool"]
     assert got == [cap.result_text(r)[0] for r in expected]
     assert all(r.is_error for r in expected)
-    div, missing = _by(ep, "tools", "tool")
+    div, missing = _by(ep, "assistant", "tool")
     srv_div, srv_missing = _by(ep, "calc", "tool")
     assert div.error == expected[0].content[0].text and div.output.text == div.error
     assert missing.error == expected[1].content[0].text

@@ -155,7 +155,7 @@ class _Call:
                 error = r.failure()
             meta = {"a2a.to": self.to, "a2a.message_id": self.message_id, **r.meta(),
                     "latency_s": time.perf_counter() - self.t0}
-            who = self.agent or self.step.dep_agent() or "a2a_client"
+            who = self.step.agent or self.agent or "a2a_client"
             text = r.text
             self.step.record(who, "message", started_at=self.started, error=error, metadata=meta,
                              observation={"messages": [{"role": "user", "content": self.sent}]},
@@ -167,6 +167,7 @@ class CaptureInterceptor(ClientCallInterceptor):
 
     def __init__(self, agent: str | None = None):
         self.agent = agent
+        prop.CALLS.instrument(self)  # the call steps it makes are found by callees served here
 
     async def before(self, args: Any) -> None:
         if args.method not in _SEND_METHODS:
@@ -326,6 +327,7 @@ class CaptureExecutor(AgentExecutor):
         self.executor = executor
         self.agent = card if isinstance(card, str) else card.name
         self.store = store
+        prop.CALLS.instrument(self)
 
     async def cancel(self, context: Any, event_queue: Any) -> None:
         await self.executor.cancel(context, event_queue)

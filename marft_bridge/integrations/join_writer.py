@@ -1,5 +1,6 @@
 """Writing callee halves into the store once their caller's call step is there (propagation.py's
-module docstring says why the callee writes second): one background writer per store object."""
+module docstring says why the callee writes second): one background writer per store object
+(``propagation.join_writer(store)`` keeps them)."""
 
 from __future__ import annotations
 
@@ -134,23 +135,3 @@ def _without_caller(data: dict, caller_action: str) -> dict:
     log.warning("marft: caller action %s of episode %s was not stored in time; its callee half is written "
                 "without that dependency", caller_action, data["id"])
     return data
-
-
-_WRITERS: dict[int, JoinWriter] = {}
-_WRITERS_LOCK = threading.Lock()
-
-
-def join_writer(store: Any) -> JoinWriter:
-    """The one JoinWriter of a store object in this process."""
-    with _WRITERS_LOCK:
-        w = _WRITERS.get(id(store))
-        if w is None or w.store is not store:
-            w = _WRITERS[id(store)] = JoinWriter(store)
-        return w
-
-
-def flush_joins(store: Any = None, timeout: float | None = None) -> bool:
-    """Wait for the callee halves this process has to write (all stores, or one)."""
-    with _WRITERS_LOCK:
-        writers = [w for w in _WRITERS.values() if store is None or w.store is store]
-    return all(w.flush(timeout) for w in writers)

@@ -18,9 +18,10 @@ Where a call lands:
 - inside a captured framework task (a LangGraph node, an OpenAI Agents SDK run; integrations
   register them with ``episode_context.register_task_context``): an action of that task's agent;
 - inside ``marft_bridge.episode(...)``: an action whose agent is the model name (= adapter
-  name), depending on earlier actions whose output text appears in its messages and, by
-  tool-call id, on the action a tool message answers (the tool step that ran call X when one was
-  recorded, else the model call that emitted X; ``call_dependencies``).
+  name), depending on every earlier action whose output its messages hold: output text, and by
+  tool-call id the model call that emitted an assistant turn's tool call and the action a tool
+  message answers (the tool step that ran call X when one was recorded, else the model call that
+  emitted X; ``call_dependencies``).
 Outside all of these the hook does nothing.
 
 Which adapter version answered: our server says so in ``"adapter"``; vLLM does not. A response
@@ -39,8 +40,11 @@ of the non-streaming shape (chat chunks by ``StreamAccumulator``: ``delta``, ``t
 above when the stream ends, in the context of the call that opened it. A stream abandoned or failed
 before its end records nothing.
 
-``install()`` / ``uninstall()`` patch and restore the client (``install`` is idempotent and is
-called by ``marft_bridge.episode``/``capture``/``instrument``). ``completion_fields(request,
+``instrument(holder=None)`` / ``uninstrument(holder=None)`` hook and restore the client's
+``request`` through ``integrations.hooks`` (pass-through ``wrapt`` wrappers, only on ``openai``
+versions in ``SUPPORTED``; both idempotent): the hooks exist while any holder does
+(``marft_bridge.episode``/``capture`` blocks while open, the LangGraph capture while an app is
+instrumented, the app itself for ``instrument()``; ``OPENAI`` is the instrumentor). ``completion_fields(request,
 response)`` / ``responses_fields(request, response)`` turn one request/response pair into the
 keyword arguments of ``EpisodeRecorder.record_action``.
 """
@@ -49,16 +53,15 @@ from __future__ import annotations
 
 import contextvars
 import os
-import threading
-import weakref
 from datetime import datetime
 from typing import Any
 
 from .. import messages as msgs
 from ..capture_errors import capture_error, guarded
-from ..episode_context import current_episode, in_framework_task, record_in_framework_task
+from ..episode_context import CaptureState, Instrumentor, current_episode, in_framework_task, record_in_framework_task
 from ..registry_state import LiveVersions, live_versions
 from ..schema import utcnow
+from .hooks import Hooks
 from .openai_streams import STREAM_KEY, ResponsesStreamAccumulator, StreamAccumulator, atap, tap
 
 CHAT_PATH, RESPONSES_PATH = "/chat/completions", "/responses"
@@ -81,10 +84,11 @@ class RawCall:
         self.path: str | None = None
 
 
-# Set by the LangGraph capture while a LangChain chat-model call runs: the hook fills it.
+# Set by the LangGraph capture while a LangChain chat-model call runs: the hook fills it (per call
+# context, like every context variable of the capture).
 RAW_SINK: contextvars.ContextVar[RawCall | None] = contextvars.ContextVar("marft_raw_sink", default=None)
-
-_originals: dict[str, Any] = {}
+# openai versions the ``request`` hook was checked against: [low, high).
+SUPPORTED = ((1, 40), (4, 0))
 
 
 # -- parsing -------------------------------------------------------------------------------------
@@ -232,16 +236,15 @@ class _CallIndex:
         self.answered: dict[str, str] = {}
 
 
-_INDEX: weakref.WeakKeyDictionary[Any, _CallIndex] = weakref.WeakKeyDictionary()
-_INDEX_LOCK = threading.Lock()
+_INDEX_KEY = "openai.calls"  # the recorder's ``integration_data`` key
 
 
 def _index(rec: Any) -> _CallIndex:
-    with _INDEX_LOCK:
-        idx = _INDEX.get(rec)
-        if idx is None:
-            idx = _INDEX[rec] = _CallIndex()
-        return idx
+    data = rec.integration_data
+    idx = data.get(_INDEX_KEY)
+    if idx is None:
+        idx = data.setdefault(_INDEX_KEY, _CallIndex())  # setdefault: one index if two threads race
+    return idx
 
 
 def note_tool_calls(rec: Any, action_id: str, calls: Any) -> None:
@@ -264,14 +267,21 @@ def emitter_of(rec: Any, call_id: str) -> str | None:
 
 
 def call_dependencies(rec: Any, messages: list[dict]) -> list[str]:
-    """Actions a conversation depends on through tool-call ids: for each id it refers to, the tool
-    step that ran it when one was recorded, else the model call that emitted it."""
+    """Actions a conversation depends on through tool-call ids: for an assistant turn's tool call,
+    the model call that emitted it (its message is in the input); for a tool result, the tool step
+    that ran it when one was recorded, else the model call that emitted it."""
     idx = _index(rec)
     out = []
-    for cid in msgs.referenced_call_ids(messages):
-        aid = idx.answered.get(cid) or idx.emitted.get(cid)
-        if aid is not None:
-            out.append(aid)
+    for m in messages:
+        cid = m.get("tool_call_id")
+        if cid:
+            aid = idx.answered.get(str(cid)) or idx.emitted.get(str(cid))
+            if aid is not None:
+                out.append(aid)
+        for c in m.get("tool_calls") or ():
+            aid = idx.emitted.get(str(c.get("id"))) if isinstance(c, dict) and c.get("id") else None
+            if aid is not None:
+                out.append(aid)
     return list(dict.fromkeys(out))
 
 
@@ -283,6 +293,7 @@ def message_dependencies(rec: Any, messages: list[dict]) -> list[str]:
 
 # -- adapter version from the registry -----------------------------------------------------------
 
+# The process-wide default the user sets (``use_registry``): a setting, kept while no hook is.
 _default_live: Any = None
 
 
@@ -393,58 +404,74 @@ def _request_parts(options: Any) -> tuple[str | None, Any, Any]:
     return getattr(options, "url", None), getattr(options, "json_data", None), getattr(options, "extra_json", None)
 
 
-def installed() -> bool:
-    return bool(_originals)
+def _request(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    options = args[1] if len(args) > 1 else kwargs.get("options")
+    url, body, extra = _request_parts(options)
+    if url not in _PATHS or not _active():
+        return wrapped(*args, **kwargs)
+    started, live = utcnow(), _registry_version(body)
+    result = wrapped(*args, **kwargs)
+    with guarded("openai.capture"):
+        _handle(url, body, extra, result, started, live)
+    return result
 
 
-def install() -> None:
-    """Patch the openai client's ``request`` (sync and async). Idempotent; a no-op without ``openai``.
-
-    ``request`` is looked up on the client at call time, so clients built before this call are
-    covered too (``post`` is bound into each resource when the client is built).
-    """
-    if _originals:
-        return
-    try:
-        from openai._base_client import AsyncAPIClient, SyncAPIClient
-    except ImportError:  # openai is optional
-        return
-    sync_request, async_request = SyncAPIClient.request, AsyncAPIClient.request
-
-    def request(self: Any, cast_to: Any, options: Any, *args: Any, **kwargs: Any) -> Any:
-        url, body, extra = _request_parts(options)
-        if url not in _PATHS or not _active():
-            return sync_request(self, cast_to, options, *args, **kwargs)
-        started, live = utcnow(), _registry_version(body)
-        result = sync_request(self, cast_to, options, *args, **kwargs)
-        with guarded("openai.capture"):
-            _handle(url, body, extra, result, started, live)
-        return result
-
-    async def arequest(self: Any, cast_to: Any, options: Any, *args: Any, **kwargs: Any) -> Any:
-        url, body, extra = _request_parts(options)
-        if url not in _PATHS or not _active():
-            return await async_request(self, cast_to, options, *args, **kwargs)
-        started, live = utcnow(), _registry_version(body)
-        result = await async_request(self, cast_to, options, *args, **kwargs)
-        with guarded("openai.capture"):
-            _handle(url, body, extra, await _parsed(result), started, live)
-        return result
-
-    _originals["sync"], _originals["async"] = sync_request, async_request
-    SyncAPIClient.request, AsyncAPIClient.request = request, arequest
+async def _arequest(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    options = args[1] if len(args) > 1 else kwargs.get("options")
+    url, body, extra = _request_parts(options)
+    if url not in _PATHS or not _active():
+        return await wrapped(*args, **kwargs)
+    started, live = utcnow(), _registry_version(body)
+    result = await wrapped(*args, **kwargs)
+    with guarded("openai.capture"):
+        _handle(url, body, extra, await _parsed(result), started, live)
+    return result
 
 
-def uninstall() -> None:
-    """Restore the openai client's original methods."""
-    if not _originals:
-        return
+def _targets() -> list:
+    # ``request`` is looked up on the client at call time, so clients built before the hook are
+    # covered too (``post`` is bound into each resource when the client is built).
     from openai._base_client import AsyncAPIClient, SyncAPIClient
 
-    SyncAPIClient.request, AsyncAPIClient.request = _originals.pop("sync"), _originals.pop("async")
+    return [(SyncAPIClient, "request", _request), (AsyncAPIClient, "request", _arequest)]
 
 
-__all__ = ["CHAT_PATH", "RAW_SINK", "REGISTRY_KEY", "RESPONSES_PATH", "STREAM_KEY", "LiveVersions", "RawCall",
-           "ResponsesStreamAccumulator", "StreamAccumulator", "call_dependencies", "call_fields", "completion_fields",
-           "emitter_of", "install", "installed", "message_dependencies", "note_tool_calls", "note_tool_step",
-           "responses_fields", "token_data", "uninstall", "use_registry"]
+class OpenAIState(CaptureState):
+    """What the client capture keeps while instrumented: its hooks on ``request``."""
+
+    def __init__(self) -> None:
+        self.hooks = Hooks("openai", SUPPORTED, _targets, "the openai client's calls are not captured")
+
+    def start(self) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("openai") is not None:  # optional: without it there is nothing to hook
+            self.hooks.install()
+
+    def stop(self) -> None:
+        self.hooks.uninstall()
+
+
+OPENAI = Instrumentor(OpenAIState)
+
+
+def instrument(holder: Any = None) -> bool:
+    """Hook the openai client's ``request`` (sync and async) for ``holder`` (None: the process);
+    idempotent; False when ``openai`` is missing or outside ``SUPPORTED``."""
+    return OPENAI.instrument(holder).hooks.installed
+
+
+def uninstrument(holder: Any = None) -> None:
+    """Drop ``holder``; with the last one the client's original methods are back."""
+    OPENAI.uninstrument(holder)
+
+
+def instrumented() -> bool:
+    state = OPENAI.state
+    return state is not None and state.hooks.installed
+
+
+__all__ = ["CHAT_PATH", "OPENAI", "RAW_SINK", "REGISTRY_KEY", "RESPONSES_PATH", "STREAM_KEY", "SUPPORTED",
+           "LiveVersions", "RawCall", "ResponsesStreamAccumulator", "StreamAccumulator", "call_dependencies", "call_fields", "completion_fields",
+           "emitter_of", "instrument", "instrumented", "message_dependencies", "note_tool_calls",
+           "note_tool_step", "responses_fields", "token_data", "uninstrument", "use_registry"]

@@ -55,11 +55,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..capture_errors import capture_error, guarded
-from ..episode_context import FrameworkTask, current_framework_task
+from ..episode_context import CaptureState, FrameworkTask, Instrumentor, ToolStep, current_framework_task
 from ..recording import EpisodeRecorder
 from ..schema import MAX_NAME_CHARS
-from .join_writer import JoinWriter, combine_halves, join_writer
-from .join_writer import flush_joins  # noqa: F401 - public here too (README)
+from .join_writer import JoinWriter, combine_halves
 
 CALLER_KEY = "marft/caller"
 # Request: "reply" (the caller can take the callee's half back in the reply); reply: the half.
@@ -134,6 +133,9 @@ class CallStep:
     step: int
     depends_on: list[str]
     task: FrameworkTask | None = None  # the framework task (a LangGraph node) it runs in, if any
+    agent: str | None = None  # whose action it is: the asking model call's agent, where known
+    # The tool step it is part of (a LangChain tool run around the MCP call): not recorded apart.
+    host: ToolStep | None = None
     # Callee halves served in this process, recorded after the call step (see the module doc).
     halves: list[tuple[dict, JoinWriter, bool]] = field(default_factory=list)
     settled: bool = False
@@ -142,20 +144,20 @@ class CallStep:
     def ref(self) -> CallerRef:
         return CallerRef(self.recorder.id, self.action_id, self.step)
 
-    def dep_agent(self) -> str | None:
-        """The agent of the node it runs in, or of the model call it depends on."""
-        if self.task is not None:
-            return self.task.agent
-        for d in self.depends_on:
-            a = self.recorder.get_action(d)
-            if a is not None:
-                return a.agent
-        return None
-
     def record(self, agent: str, kind: str, *, extra_deps: Any = (), started_at: Any = None,
                metadata: dict[str, Any] | None = None, validate: bool = True, **fields: Any) -> str:
-        """Record the step (after the call) with the given fields, then the in-process callee halves."""
+        """Record the step (after the call) with the given fields, then the in-process callee halves.
+        Part of a tool step (``host``): that step takes the ``mcp.*``/``a2a.*`` metadata and the extra
+        dependencies, and the halves are recorded once it is."""
         deps = [*self.depends_on, *extra_deps]
+        if self.host is not None:
+            own = {k: v for k, v in (metadata or {}).items() if k.startswith(("mcp.", "a2a."))}
+            try:
+                self.host.enrich(own, extra_deps, self._settle)
+            except BaseException:
+                self._settle(False)
+                raise
+            return self.action_id
         t = self.task
         recorded = False
         try:
@@ -163,7 +165,7 @@ class CallStep:
                 # Inside a LangGraph node: the step is one of the node's actions, so the data the node
                 # writes (the tool result) carries it to the next model call.
                 fields = {**fields, "action_id": self.action_id, "metadata": metadata or {}}
-                aid = t.record(kind, fields, deps, started_at)
+                aid = t.record(kind, fields, deps, started_at, agent=agent)
             else:
                 aid = self.recorder.record_action(agent, kind=kind, step=self.step, depends_on=deps,
                                                   started_at=started_at, metadata=metadata, action_id=self.action_id,
@@ -174,10 +176,11 @@ class CallStep:
             self._settle(recorded)
 
     def _settle(self, recorded: bool) -> None:
-        with _IN_FLIGHT_LOCK:
+        calls = _calls()
+        with calls.lock:
             self.settled = True
             halves, self.halves = self.halves, []
-            _IN_FLIGHT.pop(self.action_id, None)
+            calls.in_flight.pop(self.action_id, None)
         for data, writer, validate in halves:
             if recorded:
                 _record_half(self.recorder, data, writer, validate)
@@ -185,39 +188,89 @@ class CallStep:
                 writer.write(data, self.action_id)
 
 
-def begin_call(recorder: EpisodeRecorder, agent: str | None) -> CallStep:
-    """Reserve a call step in ``recorder``: inside a LangGraph node it depends on the node's inputs
-    and earlier actions; otherwise on the latest model call of ``agent`` (or of anyone)."""
+def begin_call(recorder: EpisodeRecorder, agent: str | None, tool: str | None = None,
+               arguments: Any = None) -> CallStep:
+    """Reserve a call step in ``recorder``. Inside a LangGraph node: when a tool step is running
+    there (a LangChain tool making the call), the call is part of it; else, for a tool call
+    (``tool``, ``arguments``) a model call of the run asked for, it is that agent's step and
+    depends on that call; else it depends on the node's inputs and earlier actions. Outside a
+    node: on the latest model call of ``agent`` (or of anyone)."""
     t = current_framework_task()
     if t is not None and t.recorder is recorder:
-        deps = t.depends_on()
-        return _in_flight(CallStep(recorder, recorder.new_action_id(), t.step, deps, t))
+        host = t.tool_step()
+        if host is not None:
+            return _in_flight(CallStep(recorder, host.action_id, t.step if host.step is None else host.step,
+                                       host.depends_on(), t, host.agent or t.agent, host))
+        owner = t.tool_owner(tool, arguments) if tool is not None else None
+        if owner is not None:
+            return _in_flight(CallStep(recorder, recorder.new_action_id(), t.step, [owner[0]], t, owner[1]))
+        return _in_flight(CallStep(recorder, recorder.new_action_id(), t.step, t.depends_on(), t, t.agent))
     acts = recorded(recorder)[::-1]  # newest first
     llms = [a for a in acts if a[0] == "llm"]
     dep = next((a for a in llms if agent is None or a[1] == agent), llms[0] if llms else None)
     step = dep[2] if dep is not None else (max((a[2] for a in acts), default=-1) + 1)
-    return _in_flight(CallStep(recorder, recorder.new_action_id(), step, [dep[3]] if dep is not None else []))
+    return _in_flight(CallStep(recorder, recorder.new_action_id(), step, [dep[3]] if dep is not None else [], None,
+                               agent or (dep[1] if dep is not None else None)))
 
 
-# Call steps made in this process and not yet recorded, by id: a callee served here finds its caller.
-_IN_FLIGHT: weakref.WeakValueDictionary[str, CallStep] = weakref.WeakValueDictionary()
-_IN_FLIGHT_LOCK = threading.Lock()
-# Per caller recorder, the ids of actions that came from callee halves (in-process or in a reply):
-# ``begin_call`` and ``recorded`` skip them, as if the halves had been written apart.
-_HALF_IDS: weakref.WeakKeyDictionary[EpisodeRecorder, set[str]] = weakref.WeakKeyDictionary()
+class CallState(CaptureState):
+    """What the protocol captures (MCP, A2A) share while one of their clients or servers is
+    instrumented: the call steps made in this process and not yet recorded, by id (a callee served
+    here finds its caller), and one ``JoinWriter`` per store object."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.in_flight: weakref.WeakValueDictionary[str, CallStep] = weakref.WeakValueDictionary()
+        self.writers: dict[int, JoinWriter] = {}
+
+
+# Holders: the instrumented MCP clients and servers, A2A interceptors and executors.
+CALLS = Instrumentor(CallState, weak=True)
+
+
+def _calls() -> CallState:
+    """The shared state; a capture object made without its ``instrument_*`` call holds it for the process."""
+    return CALLS.state or CALLS.instrument()
+
+
+# Per caller recorder (``integration_data``), the ids of actions that came from callee halves (in
+# process or in a reply): ``begin_call`` and ``recorded`` skip them, as if written apart.
+_HALF_IDS = "propagation.half_ids"
 
 
 def _in_flight(step: CallStep) -> CallStep:
-    with _IN_FLIGHT_LOCK:
-        _IN_FLIGHT[step.action_id] = step
+    calls = _calls()
+    with calls.lock:
+        calls.in_flight[step.action_id] = step
     return step
+
+
+def join_writer(store: Any) -> JoinWriter:
+    """The one JoinWriter of a store object in this process."""
+    calls = _calls()
+    with calls.lock:
+        w = calls.writers.get(id(store))
+        if w is None or w.store is not store:
+            w = calls.writers[id(store)] = JoinWriter(store)
+        return w
+
+
+def flush_joins(store: Any = None, timeout: float | None = None) -> bool:
+    """Wait for the callee halves this process has to write (all stores, or one)."""
+    calls = CALLS.state
+    if calls is None:
+        return True
+    with calls.lock:
+        writers = [w for w in calls.writers.values() if store is None or w.store is store]
+    return all(w.flush(timeout) for w in writers)
 
 
 def _attach_in_process(data: dict, caller: CallerRef, writer: JoinWriter) -> bool:
     """Hand a callee half to its caller's call step in this process (same store); False: not
     here, too late, or the caller writes to another store."""
-    with _IN_FLIGHT_LOCK:
-        step = _IN_FLIGHT.get(caller.action_id)
+    calls = _calls()
+    with calls.lock:
+        step = calls.in_flight.get(caller.action_id)
         if step is None or step.settled or step.recorder.id != caller.episode_id or step.recorder.closed:
             return False
         target = step.recorder.store
@@ -268,7 +321,7 @@ def accept_reply_half(step: CallStep, half: Any) -> bool:
         return False
     target = step.recorder.store
     writer = target.writer if isinstance(target, CalleeHalfStore) else join_writer(target)
-    with _IN_FLIGHT_LOCK:
+    with _calls().lock:
         if step.settled:
             return False
         step.halves.append((half, writer, True))
@@ -280,7 +333,7 @@ def _record_half(recorder: EpisodeRecorder, data: dict, writer: JoinWriter, vali
     one recorded here was checked when recorded); what the recorder no longer takes (it was
     finished meanwhile) goes to the join writer."""
     acts = data["actions"]
-    ids = _HALF_IDS.setdefault(recorder, set())
+    ids = recorder.integration_data.setdefault(_HALF_IDS, set())
     target = recorder.store
     foreign = target.foreign if isinstance(target, CalleeHalfStore) else set()
     for k, a in enumerate(acts):
@@ -324,7 +377,7 @@ def needs_validation(agent: str, *texts: str | None) -> bool:
 def recorded(recorder: EpisodeRecorder) -> list[tuple[str, str, int, str, list[str]]]:
     """(kind, agent, step, id, depends_on) of each action recorded so far, unvalidated, leaving
     out the halves of further callees recorded into it (they would have been written apart)."""
-    skip = _HALF_IDS.get(recorder) or ()
+    skip = recorder.integration_data.get(_HALF_IDS) or ()
     return [a for a in recorder.action_links() if a[3] not in skip]
 
 

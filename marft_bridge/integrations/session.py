@@ -4,10 +4,11 @@
 install the hooks that are available and then enter the recording layer:
 
 ``episode(store=None, task=None, source="manual", metadata=None, registry=None)``
-    Installs the raw-client hooks (the ``openai`` client when the package is installed; the OpenAI
-    Agents SDK trace processor when ``agents`` is imported) and enters ``recording.episode``: every
-    call of those clients inside the block is an action of this episode (see
-    ``integrations.openai``), in a fresh process too.
+    Instruments the raw-client captures for the block (the ``openai`` client when the package is
+    installed; the OpenAI Agents SDK when ``agents`` is imported: the block is their holder, see
+    ``episode_context.Instrumentor``) and enters ``recording.episode``: every call of those clients
+    inside the block is an action of this episode (see ``integrations.openai``), in a fresh process
+    too.
 
 ``capture(store=None, reward_fn=None, source="langgraph", registry=None)``
     ``with capture(...) as c:`` records every top-level run started in the block, one episode per
@@ -20,7 +21,7 @@ install the hooks that are available and then enter the recording layer:
     ``source="openai_agents"``. Works as ``async with`` too.
 
 The Agents SDK is hooked when ``agents`` has been imported before the block is entered (importing
-it costs seconds, so capture never does); otherwise call ``integrations.openai_agents.install()``.
+it costs seconds, so capture never does); otherwise call ``integrations.openai_agents.instrument()``.
 """
 
 from __future__ import annotations
@@ -42,17 +43,34 @@ def _open_capture() -> capture | None:
     return _OPEN.get()
 
 
-def install_client_hooks() -> None:
-    """Install the raw-client hooks whose packages are present (never raises into the app)."""
+def instrument_clients(holder: Any) -> None:
+    """Instrument the raw-client captures whose packages are present for ``holder`` (never raises
+    into the app)."""
     with guarded("session.install"):
         if "openai" in sys.modules or importlib.util.find_spec("openai") is not None:
             from . import openai as oa
 
-            oa.install()
+            oa.instrument(holder)
         if "agents" in sys.modules:
             from . import openai_agents
 
-            openai_agents.install(_open_capture)
+            openai_agents.instrument(holder, _open_capture)
+
+
+def uninstrument_clients(holder: Any) -> None:
+    with guarded("session.uninstall"):
+        if "openai" in sys.modules:
+            from . import openai as oa
+
+            oa.uninstrument(holder)
+        if "agents" in sys.modules:
+            from . import openai_agents
+
+            openai_agents.uninstrument(holder)
+
+
+class _Block:
+    """The holder an ``episode()`` block instruments the clients for."""
 
 
 @contextmanager
@@ -64,10 +82,14 @@ def episode(
     registry: Any = None,
 ) -> Iterator[recording.EpisodeRecorder]:
     """Group everything captured in the block into one Episode (``recording.episode``), with the
-    raw-client hooks installed (see the module docstring)."""
-    install_client_hooks()
-    with recording.episode(store=store, task=task, source=source, metadata=metadata, registry=registry) as rec:
-        yield rec
+    raw-client captures instrumented while it is open (see the module docstring)."""
+    block = _Block()
+    instrument_clients(block)
+    try:
+        with recording.episode(store=store, task=task, source=source, metadata=metadata, registry=registry) as rec:
+            yield rec
+    finally:
+        uninstrument_clients(block)
 
 
 def _langgraph_capture() -> Any:
@@ -93,7 +115,7 @@ class capture:
         self._token: Any = None
 
     def __enter__(self) -> capture:
-        install_client_hooks()
+        instrument_clients(self)
         if self.langgraph is not None:
             self.langgraph.__enter__()
         self._token = _OPEN.set(self)
@@ -103,6 +125,7 @@ class capture:
         _OPEN.reset(self._token)
         if self.langgraph is not None:
             self.langgraph.__exit__(*exc)
+        uninstrument_clients(self)
 
     async def __aenter__(self) -> capture:
         return self.__enter__()
@@ -111,4 +134,4 @@ class capture:
         self.__exit__(*exc)
 
 
-__all__ = ["capture", "episode", "install_client_hooks"]
+__all__ = ["capture", "episode", "instrument_clients", "uninstrument_clients"]

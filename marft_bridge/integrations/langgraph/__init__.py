@@ -50,7 +50,8 @@ Pregel loop for the channel provenance above, only on LangGraph versions in
 ``precision.SUPPORTED``; elsewhere it logs once and an action depends on every action of earlier
 steps of its run (``metadata["dependency_source"]`` says which: ``"langgraph_channels"`` or
 ``"langgraph_run_metadata"``). Its hooks are removed when the last instrumented app is
-uninstrumented and no ``capture()`` block is open. Channel kinds: ``channels.py``; the rules
+uninstrumented and no ``capture()`` block is open: the capture's state (``state.LangGraphState``)
+exists only from the first instrumented app or open block to the last (``LANGGRAPH``). Channel kinds: ``channels.py``; the rules
 themselves: ``provenance.py`` (pure).
 
 Capture never breaks the app: every hook runs under ``capture_errors.guarded`` (errors logged
@@ -59,7 +60,8 @@ and counted in ``capture_errors.capture_stats()``), and episodes are written thr
 
 from __future__ import annotations
 
-from .instrumentation import capture, instrument, uninstrument
-from .runs import CaptureHandler, in_captured_task, record_in_current_task
+from .instrumentation import LANGGRAPH, capture, in_captured_task, instrument, record_in_current_task, uninstrument
+from .runs import CaptureHandler
 
-__all__ = ["CaptureHandler", "capture", "in_captured_task", "instrument", "record_in_current_task", "uninstrument"]
+__all__ = ["LANGGRAPH", "CaptureHandler", "capture", "in_captured_task", "instrument", "record_in_current_task",
+           "uninstrument"]

@@ -6,8 +6,9 @@ run metadata LangGraph sets (``langgraph_checkpoint_ns``, ``langgraph_node``, ``
 which names the task they run in. The handler is added per instrumented run (its config's
 ``callbacks``) or, inside ``capture()``, through ``langchain_core.tracers.context.
 register_configure_hook``; with no app instrumented and no capture block open LangChain never
-calls it. It is one object (LangChain de-duplicates it when both paths add it) and keeps no
-state of its own beyond the calls in flight.
+calls it. It is one object (LangChain de-duplicates it when both paths add it; a module-level
+singleton for that reason) and keeps no state of its own: ``attach(state)`` points it at the
+running capture's ``LangGraphState`` (its calls in flight, its tasks), ``attach(None)`` disarms it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ...schema import utcnow
 from .. import openai as oa
 from . import convert, tools
 from .provenance import Task
-from .runs import _RUN_FINISHED, RUN, find_task
+from .runs import RUN, find_task
 
 
 class _Call:
@@ -42,21 +43,6 @@ class _Call:
         self.sink_token = sink_token
 
 
-# Model calls in flight by LangChain run id.
-_CALLS: dict[UUID, _Call] = {}
-
-
-def _forget(run: Any) -> None:
-    """A finished run's model calls that never ended (an abandoned stream) are dropped."""
-    if _CALLS:
-        for rid in [rid for rid, c in list(_CALLS.items()) if c.task.run is run]:
-            _CALLS.pop(rid, None)
-    tools.forget(run)
-
-
-_RUN_FINISHED.append(_forget)
-
-
 def _observation(call: _Call) -> dict[str, Any]:
     obs: dict[str, Any] = {"messages": call.messages}
     if not call.params.get("tools") and call.params.get("tool_choice") is None:
@@ -69,8 +55,8 @@ def _observation(call: _Call) -> dict[str, Any]:
     return obs
 
 
-def _start(serialized: dict | None, messages: list, run_id: UUID, meta: dict | None, kw: dict) -> None:
-    task = find_task(meta or {})
+def _start(state: Any, serialized: dict | None, messages: list, run_id: UUID, meta: dict | None, kw: dict) -> None:
+    task = find_task(state, meta or {})
     if task is None:
         return
     params = kw.get("invocation_params") or {}
@@ -91,11 +77,11 @@ def _start(serialized: dict | None, messages: list, run_id: UUID, meta: dict | N
         sink = oa.RawCall()
         token = oa.RAW_SINK.set(sink)
     converted = [m if isinstance(m, dict) else convert.message(m) for m in messages]
-    _CALLS[run_id] = _Call(task, deps, converted, params, model, sink, token)
+    state.calls[run_id] = _Call(task, deps, converted, params, model, sink, token)
 
 
-def _end(run_id: UUID, response: Any = None, error: BaseException | None = None) -> None:
-    call = _CALLS.pop(run_id, None)
+def _end(state: Any, run_id: UUID, response: Any = None, error: BaseException | None = None) -> None:
+    call = state.calls.pop(run_id, None)
     if call is None:
         return
     sink = call.sink
@@ -152,57 +138,73 @@ class MarftCallbackHandler(BaseCallbackHandler):
     ignore_agent = False  # tool events go through the "agent" switch
     ignore_retry = True
     ignore_custom_event = True
+    state: Any = None  # the running capture's LangGraphState (``attach``); None: disarmed
 
     def on_chat_model_start(self, serialized: dict, messages: list[list], *, run_id: UUID,
                             metadata: dict | None = None, **kw: Any) -> None:
+        state = self.state
+        if state is None:
+            return
         try:
             for msgs in messages:
-                _start(serialized, msgs, run_id, metadata, kw)
+                _start(state, serialized, msgs, run_id, metadata, kw)
         except Exception as e:  # noqa: BLE001 - capture must not break the app
             capture_error("langgraph.model_start", e)
 
     def on_llm_start(self, serialized: dict, prompts: list[str], *, run_id: UUID,
                      metadata: dict | None = None, **kw: Any) -> None:
+        state = self.state
+        if state is None:
+            return
         try:
             for p in prompts:
-                _start(serialized, [{"role": "user", "content": p}], run_id, metadata, kw)
+                _start(state, serialized, [{"role": "user", "content": p}], run_id, metadata, kw)
         except Exception as e:  # noqa: BLE001
             capture_error("langgraph.model_start", e)
 
     def on_llm_end(self, response: Any, *, run_id: UUID, **kw: Any) -> None:
-        if _CALLS:
-            _end(run_id, response)
+        state = self.state
+        if state is not None and state.calls:
+            _end(state, run_id, response)
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kw: Any) -> None:
-        if _CALLS:
-            _end(run_id, error=error)
+        state = self.state
+        if state is not None and state.calls:
+            _end(state, run_id, error=error)
 
     @property
     def ignore_chain(self) -> bool:
         # Chain events only matter to find root runs in a capture() block without the precision tier.
-        return not ROOTS_TRACKED[0]
+        state = self.state
+        return state is None or not state.roots_tracked
 
     def on_chain_start(self, serialized: dict | None, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
                        **kw: Any) -> None:
-        if parent_run_id is None:
+        state = self.state
+        if parent_run_id is None and state is not None:
             with guarded("langgraph.run_start"):
-                _root_started(run_id, inputs)
+                _root_started(state, run_id, inputs)
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kw: Any) -> None:
-        if parent_run_id is None and _ROOTS:
+        state = self.state
+        if parent_run_id is None and state is not None and state.roots:
             with guarded("langgraph.finish"):
-                _root_ended(run_id, outputs)
+                _root_ended(state, run_id, outputs)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None,
                        **kw: Any) -> None:
-        if parent_run_id is None and _ROOTS:
+        state = self.state
+        if parent_run_id is None and state is not None and state.roots:
             with guarded("langgraph.finish"):
-                _root_ended(run_id, None, error)
+                _root_ended(state, run_id, None, error)
 
     def on_tool_start(self, serialized: dict, input_str: str, *, run_id: UUID, metadata: dict | None = None,
                       inputs: dict | None = None, **kw: Any) -> None:
+        state = self.state
+        if state is None:
+            return
         try:
-            task = find_task(metadata or {})
+            task = find_task(state, metadata or {})
             if task is not None:
                 name = kw.get("name") or (serialized or {}).get("name") or "tool"
                 tools.start(task, run_id, str(name), inputs if inputs is not None else input_str, kw.get("tool_call_id"))
@@ -210,30 +212,30 @@ class MarftCallbackHandler(BaseCallbackHandler):
             capture_error("langgraph.tool_start", e)
 
     def on_tool_end(self, output: Any, *, run_id: UUID, **kw: Any) -> None:
-        tools.end(run_id, output)
+        state = self.state
+        if state is not None:
+            tools.end(state, run_id, output)
 
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kw: Any) -> None:
-        tools.end(run_id, error=error)
+        state = self.state
+        if state is not None:
+            tools.end(state, run_id, error=error)
 
 
 # Public tier inside capture() without the precision tier: each root run (a chain start without a
-# parent) is a run of its own, found through RUN. ROOTS_TRACKED counts such open capture blocks.
-ROOTS_TRACKED = [0]
-_ROOTS: dict[UUID, tuple[Any, Any]] = {}
+# parent) is a run of its own, found through RUN (the state's ``roots``, ``roots_tracked``).
 
 
-def _root_started(run_id: UUID, inputs: Any) -> None:
-    from .precision import CAPTURE_HANDLER
-
+def _root_started(state: Any, run_id: UUID, inputs: Any) -> None:
     h = CAPTURE_HANDLER.get()
     if h is None or RUN.get() is not None:
         return
     run = h.new_run(inputs)
-    _ROOTS[run_id] = (run, RUN.set(run))
+    state.roots[run_id] = (run, RUN.set(run))
 
 
-def _root_ended(run_id: UUID, outputs: Any, error: BaseException | None = None) -> None:
-    got = _ROOTS.pop(run_id, None)
+def _root_ended(state: Any, run_id: UUID, outputs: Any, error: BaseException | None = None) -> None:
+    got = state.roots.pop(run_id, None)
     if got is None:
         return
     run, token = got
@@ -249,17 +251,23 @@ HANDLER = MarftCallbackHandler()
 # Set inside ``capture()`` blocks: LangChain's configure hook adds HANDLER to every run there.
 ACTIVE: contextvars.ContextVar[MarftCallbackHandler | None] = contextvars.ContextVar(
     "marft_langgraph_callbacks", default=None)
-_hooked = False
+# The handler of a ``capture()`` block in this context (the runs it opens take its settings).
+CAPTURE_HANDLER: contextvars.ContextVar[Any] = contextvars.ContextVar("marft_langgraph_capture", default=None)
 
 
-def register_hook() -> None:
-    """Register ``ACTIVE`` with LangChain once; it adds the handler only while the variable is set."""
-    global _hooked
-    if not _hooked:
+def attach(state: Any) -> None:
+    """Point HANDLER at the running capture's state (None: it ignores every event). The first time,
+    LangChain's configure hook is registered for ``ACTIVE``: LangChain cannot unregister one, and
+    it adds the handler only while the variable is set (inside ``capture()`` blocks)."""
+    if state is not None and not _HOOKED:
         from langchain_core.tracers.context import register_configure_hook
 
         register_configure_hook(ACTIVE, inheritable=True)
-        _hooked = True
+        _HOOKED.append(True)
+    HANDLER.state = state
+
+
+_HOOKED: list[bool] = []  # whether ``ACTIVE`` is registered with LangChain (once per process)
 
 
 def with_handler(config: Any) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 
 from ...capture_errors import capture_error
 from .provenance import Task, seen
-from .runs import TASKS, record_env
+from .runs import record_env
 
 
 class _Push:
@@ -39,7 +39,8 @@ def register_pushed(st: Any, caller: Any, pushed: Any) -> None:
     """A functional-API ``@task`` started by a running task: an agent of its own (its name) at the
     caller's step. Its arguments come from the caller, so it depends on what the caller had seen
     when it started it: its inputs, its own calls and the results of tasks it had read."""
-    parent = TASKS.get(getattr(caller, "id", None))
+    tasks = st.run.state.tasks
+    parent = tasks.get(getattr(caller, "id", None))
     if parent is None:
         return
     if pushed.id not in st.seen:
@@ -59,11 +60,11 @@ def register_pushed(st: Any, caller: Any, pushed: Any) -> None:
             t.actions.extend(resumed[1])  # it had finished: its saved result comes back, it does not run again
         t.pusher = parent
         parent.pushed.append(t)
-        TASKS[pushed.id] = t
+        tasks[pushed.id] = t
         parent.run.task_ids.append(pushed.id)
     push = _PUSHING.get()
     if push is not None and push.caller is parent:
-        push.task, push.writes = TASKS.get(pushed.id), pushed.writes
+        push.task, push.writes = tasks.get(pushed.id), pushed.writes
 
 
 def _read(push: _Push) -> None:
@@ -119,10 +120,10 @@ class _AsyncTaskFuture(asyncio.Future):
             _safe_read(self)
 
 
-def tracked_call(call: Callable[..., Any], task_ref: Any, args: tuple, kwargs: dict,
+def tracked_call(state: Any, call: Callable[..., Any], task_ref: Any, args: tuple, kwargs: dict,
                  chain_future: Callable[[Any, Any], Any]) -> Any:
     """Run LangGraph's ``@task`` call; hand back a future that notes when the caller reads it."""
-    caller = TASKS.get(getattr(task_ref(), "id", None)) if callable(task_ref) else None
+    caller = state.tasks.get(getattr(task_ref(), "id", None)) if callable(task_ref) else None
     if caller is None:
         return call(*args, **kwargs)
     push = _Push(caller)

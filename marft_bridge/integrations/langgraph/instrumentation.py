@@ -1,41 +1,28 @@
 """``instrument(app)`` / ``uninstrument(app)`` / ``capture()``: what the user calls.
 
 Instrumenting wraps the app's ``invoke``/``ainvoke``/``stream``/``astream`` in the instance (the
-class is not touched), adds the callback handler to each run's config and, when the installed
-LangGraph is supported, applies the precision tier's hooks. Both are idempotent; when the last
-instrumented app is uninstrumented and no ``capture()`` block is open, every hook is removed.
+class is not touched) and adds the callback handler to each run's config. The capture's state
+(``state.LangGraphState``: its registries, the precision tier's hooks when the installed LangGraph
+is supported) is created by the first instrumented app or open ``capture()`` block and dropped,
+every hook removed, with the last (``LANGGRAPH``, whose holders they are; an app garbage-collected
+without ``uninstrument`` stops counting). Both are idempotent.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from ...capture_errors import capture_error
+from ...episode_context import Instrumentor
 from ...recording import EpisodeRecorder
-from .. import openai as oa
 from . import callbacks, precision
 from .runs import RUN, CaptureHandler, _Run
+from .state import LangGraphState
 
 _METHODS = ("invoke", "ainvoke", "stream", "astream")
-_APPS: weakref.WeakSet[Any] = weakref.WeakSet()  # instrumented apps (an app dropped ununinstrumented goes too)
-_CAPTURES = [0]  # capture() blocks open
-_LOCK = threading.Lock()
-
-
-def _install_hooks() -> None:
-    precision.install()
-    callbacks.register_hook()
-    oa.install()
-
-
-def _maybe_uninstall() -> None:
-    with _LOCK:
-        idle = not _APPS and not _CAPTURES[0]
-    if idle:
-        precision.uninstall()
+LANGGRAPH = Instrumentor(LangGraphState, weak=True)
 
 
 class _Instrumentation:
@@ -48,8 +35,12 @@ class _Instrumentation:
         self.originals = {m: getattr(app, m) for m in _METHODS}
 
     def start(self, inputs: Any) -> _Run | None:
+        state = LANGGRAPH.state
+        if state is None:  # uninstrumented in another thread meanwhile
+            return None
         try:
-            h = CaptureHandler(self.store, self.reward_fn, self.source, on_finish=self._done, registry=self.registry)
+            h = CaptureHandler(state, self.store, self.reward_fn, self.source, on_finish=self._done,
+                               registry=self.registry)
             h.run = h.new_run(inputs)
             return h.run
         except Exception as e:  # noqa: BLE001
@@ -173,7 +164,7 @@ def instrument(app: Any, store: Any = None, reward_fn: Callable[[Any, Any], floa
     """
     if not all(callable(getattr(app, m, None)) for m in _METHODS):
         raise TypeError(f"instrument() needs a compiled LangGraph graph, got {type(app).__name__}")
-    _install_hooks()
+    LANGGRAPH.instrument(app)
     cur = app.__dict__.get("_marft_instrumentation")
     if cur is not None:
         cur.store, cur.reward_fn, cur.source, cur.registry = store, reward_fn, source, registry
@@ -182,8 +173,6 @@ def instrument(app: Any, store: Any = None, reward_fn: Callable[[Any, Any], floa
     inst.install()
     app.__dict__["_marft_instrumentation"] = inst
     app.__dict__.setdefault("last_episode_id", None)
-    with _LOCK:
-        _APPS.add(app)
     return app
 
 
@@ -192,20 +181,17 @@ def uninstrument(app: Any = None) -> Any:
     last instrumented app (and with no ``capture()`` block open) LangGraph's callables are the
     originals. ``uninstrument()`` without an app uninstruments every instrumented app."""
     if app is None:
-        with _LOCK:
-            apps = list(_APPS)
-        for a in apps:
-            uninstrument(a)
-        _maybe_uninstall()
+        for a in LANGGRAPH.holders():
+            if not isinstance(a, capture):
+                uninstrument(a)
+        LANGGRAPH.uninstrument()  # apps collected without uninstrument() held it too: none is left now
         return None
     inst = app.__dict__.pop("_marft_instrumentation", None)
     if inst is not None:
         for m in _METHODS:
             app.__dict__.pop(m, None)
         app.__dict__.pop("last_episode_id", None)
-        with _LOCK:
-            _APPS.discard(app)
-    _maybe_uninstall()
+    LANGGRAPH.uninstrument(app)
     return app
 
 
@@ -219,35 +205,57 @@ class capture:
 
     def __init__(self, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
                  source: str = "langgraph", registry: Any = None):
-        self.handler = CaptureHandler(store, reward_fn, source, on_finish=self._done, registry=registry)
-        self.registry = registry
+        self.store, self.reward_fn, self.source, self.registry = store, reward_fn, source, registry
+        self.handler: CaptureHandler | None = None
         self.episode_ids: list[str] = []
         self._tokens: Any = None
+        self._state: LangGraphState | None = None
         self._roots = False
 
     def _done(self, rec: EpisodeRecorder) -> None:
         self.episode_ids.append(rec.id)
 
     def __enter__(self) -> capture:
-        _install_hooks()
-        with _LOCK:
-            _CAPTURES[0] += 1
-            self._roots = not precision.installed()  # public tier alone: runs found from root chain events
-            callbacks.ROOTS_TRACKED[0] += self._roots
-        self._tokens = (precision.CAPTURE_HANDLER.set(self.handler), callbacks.ACTIVE.set(callbacks.HANDLER))
+        state = self._state = LANGGRAPH.instrument(self)
+        self.handler = CaptureHandler(state, self.store, self.reward_fn, self.source, on_finish=self._done,
+                                      registry=self.registry)
+        with LANGGRAPH.lock:
+            self._roots = not state.hooks.installed  # public tier alone: runs found from root chain events
+            state.roots_tracked += self._roots
+        self._tokens = (callbacks.CAPTURE_HANDLER.set(self.handler), callbacks.ACTIVE.set(callbacks.HANDLER))
         return self
 
     def __exit__(self, *exc: Any) -> None:
         h, c = self._tokens
-        precision.CAPTURE_HANDLER.reset(h)
+        callbacks.CAPTURE_HANDLER.reset(h)
         callbacks.ACTIVE.reset(c)
-        with _LOCK:
-            _CAPTURES[0] -= 1
-            callbacks.ROOTS_TRACKED[0] -= self._roots
-        _maybe_uninstall()
+        with LANGGRAPH.lock:
+            self._state.roots_tracked -= self._roots
+        LANGGRAPH.uninstrument(self)
 
     async def __aenter__(self) -> capture:
         return self.__enter__()
 
     async def __aexit__(self, *exc: Any) -> None:
         self.__exit__(*exc)
+
+
+# -- what other integrations see --------------------------------------------------------------------
+
+
+def in_captured_task() -> bool:
+    """Whether a captured LangGraph node is running in this context."""
+    state = LANGGRAPH.state
+    return state is not None and state.in_task()
+
+
+def record_in_current_task(fields: dict[str, Any], started: datetime | None = None, kind: str = "llm") -> bool:
+    """Record an action made inside a captured node as that node's agent (False when not in one).
+
+    For other integrations: a direct ``openai`` call (``kind="llm"``), an MCP tool call
+    (``kind="tool"``), ... ``fields`` are ``record_action`` keyword arguments (observation,
+    output, sampling, policy, token_source, error, metadata, action_id). The action gets the
+    node's step and depends on the node's inputs and on its earlier actions.
+    """
+    state = LANGGRAPH.state
+    return state is not None and state.record_call(fields, started, kind)

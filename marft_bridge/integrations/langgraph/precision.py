@@ -1,31 +1,28 @@
 """Precision tier: exact channel provenance from LangGraph's Pregel loop (private hooks, gated).
 
 The ONLY module that imports LangGraph's private modules (``langgraph.pregel._loop``,
-``langgraph.pregel._runner``, ``langgraph._internal._future``). It hooks, with pass-through
-``wrapt`` wrappers (``(wrapped, instance, args, kwargs)``: an upstream signature change cannot
-raise from binding), ``PregelLoop.tick`` / ``after_tick`` / ``accept_push``, the loops'
-``__exit__`` / ``__aexit__`` and the runner's ``_call`` / ``_acall``. It is applied only when the
-installed LangGraph is in ``SUPPORTED`` (else it logs once and the public tier runs alone, the
-episodes marked ``metadata["dependency_source"] = "langgraph_run_metadata"``), and ``uninstall()``
-puts every original back (``PregelLoop.tick is original``).
+``langgraph.pregel._runner``, ``langgraph._internal._future``). ``hooks(state)`` gives the capture
+state's ``integrations.hooks.Hooks``: pass-through ``wrapt`` wrappers (``(wrapped, instance, args,
+kwargs)``: an upstream signature change cannot raise from binding) on ``PregelLoop.tick`` /
+``after_tick`` / ``accept_push``, the loops' ``__exit__`` / ``__aexit__`` and the runner's
+``_call`` / ``_acall``, applied only when the installed LangGraph is in ``SUPPORTED`` (else it logs
+once and the public tier runs alone, the episodes marked ``metadata["dependency_source"] =
+"langgraph_run_metadata"``); uninstalling puts every original back (``PregelLoop.tick is original``).
 """
 
 from __future__ import annotations
 
-import contextvars
-import logging
-import threading
+import functools
 from collections.abc import Mapping
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from ...capture_errors import capture_error, guarded
+from ..hooks import Hooks, installed_version
 from . import channels as kinds
 from . import futures
 from . import provenance as pv
-from .runs import TASKS, CaptureHandler, Task, record_env, task_id
-
-log = logging.getLogger("marft_bridge.capture")
+from .callbacks import CAPTURE_HANDLER
+from .runs import CaptureHandler, Task, record_env, task_id
 
 # LangGraph versions whose loop internals these hooks were checked against: [low, high).
 SUPPORTED = ((1, 0), (1, 3))
@@ -35,23 +32,10 @@ _TASKS = "__pregel_tasks"
 _PREVIOUS = "__previous__"
 # Config key that marks an instrumented run; "__" keeps it out of checkpoint metadata.
 MARK = "__marft_capture"
-CAPTURE_HANDLER: contextvars.ContextVar[CaptureHandler | None] = contextvars.ContextVar(
-    "marft_langgraph_capture", default=None)
-
-
-def _parse(v: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in v.split(".")[:3] if p.isdigit())
-
-
-def installed_version() -> tuple[int, ...] | None:
-    try:
-        return _parse(version("langgraph"))
-    except PackageNotFoundError:
-        return None
 
 
 def supported(v: tuple[int, ...] | None = None) -> bool:
-    v = installed_version() if v is None else v
+    v = installed_version("langgraph") if v is None else v
     return v is not None and SUPPORTED[0] <= v < SUPPORTED[1]
 
 
@@ -96,7 +80,8 @@ class _ThreadHistory:
     def __init__(self, st: _LoopState):
         self.prov = st.prov
         self.versions = dict(st.loop.checkpoint["channel_versions"])
-        self.stopped = {tid: (t.deps, list(t.actions)) for tid in st.loop.tasks if (t := TASKS.get(tid)) is not None}
+        tasks = st.run.state.tasks
+        self.stopped = {tid: (t.deps, list(t.actions)) for tid in st.loop.tasks if (t := tasks.get(tid)) is not None}
 
 
 def _key_provenance(parent: Task, sub_input: Any) -> dict[str, frozenset[str]] | None:
@@ -116,7 +101,7 @@ def _key_provenance(parent: Task, sub_input: Any) -> dict[str, frozenset[str]] |
 
 def _attach(h: CaptureHandler, loop: Any) -> _LoopState | None:
     ns = (loop.config.get("configurable") or {}).get("checkpoint_ns") or ""
-    parent = TASKS.get(task_id(ns)) if ns else None
+    parent = h.state.tasks.get(task_id(ns)) if ns else None
     if parent is not None:
         st = _LoopState(loop, parent.run, parent)
         parent.children.append(st)
@@ -227,7 +212,7 @@ def _register_tasks(st: _LoopState) -> None:
             chans = [chans] if isinstance(chans, str) else list(chans)
             deps = pv.inputs(st.prov, (*chans, *task.triggers, _PREVIOUS))
             reads = (st, task.input, chans)
-        t = TASKS[task.id] = _new_task(st, task, deps, internal)
+        t = st.run.state.tasks[task.id] = _new_task(st, task, deps, internal)
         t.reads = reads
         if resumed is not None and task.writes:
             t.actions.extend(resumed[1])  # it had finished: its saved writes come back, it does not run again
@@ -237,9 +222,10 @@ def _register_tasks(st: _LoopState) -> None:
 def _apply_writes(st: _LoopState) -> None:
     loop = st.loop
     st.sends = {}
+    tasks = st.run.state.tasks
     step: list[tuple[frozenset[str], list[str]]] = []
     for task in loop.tasks.values():
-        t = TASKS.get(task.id)
+        t = tasks.get(task.id)
         if t is None:
             continue
         out = pv.task_output(t)
@@ -277,8 +263,9 @@ def _loop_exited(loop: Any, exc: BaseException | None) -> None:
                 # A ParentCommand (a handoff tool's or a node's Command(graph=PARENT)) unwound the step:
                 # what its tasks' writes would have carried (the handoff's tool step), or for a task
                 # that recorded nothing its inputs, is what the parent graph receives.
+                tasks = st.run.state.tasks
                 st.bubbled = pv.EMPTY.union(*(pv.task_output(t) or t.deps for tid in loop.tasks
-                                              if (t := TASKS.get(tid)) is not None))
+                                              if (t := tasks.get(tid)) is not None))
             _save_history(st, exc)
     run = d.pop("_marft_owns_run", None)
     if run is not None:
@@ -355,11 +342,11 @@ async def _aexit(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
             _loop_exited(instance, _arg(args, kwargs, 1, "exc_value"))
 
 
-def _call(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def _call(state: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """LangGraph's ``@task`` call (``_runner._call`` / ``_acall``), with a future that notes reads."""
-    if not TASKS:
+    if not state.tasks:
         return wrapped(*args, **kwargs)
-    return futures.tracked_call(wrapped, _arg(args, kwargs, 0, "task"), args, kwargs, _chain_future)
+    return futures.tracked_call(state, wrapped, _arg(args, kwargs, 0, "task"), args, kwargs, _chain_future)
 
 
 def _chain_future(source: Any, target: Any) -> Any:
@@ -368,58 +355,20 @@ def _chain_future(source: Any, target: Any) -> Any:
     return chain_future(source, target)
 
 
-# (owner, attribute, wrapper); the owner is resolved when installing.
-_HOOKS = (("_loop.PregelLoop", "tick", _tick), ("_loop.PregelLoop", "after_tick", _after_tick),
-          ("_loop.PregelLoop", "accept_push", _accept_push), ("_loop.SyncPregelLoop", "__exit__", _exit),
-          ("_loop.AsyncPregelLoop", "__aexit__", _aexit), ("_runner", "_call", _call), ("_runner", "_acall", _call))
-_originals: list[tuple[Any, str, Any]] = []
-_lock = threading.Lock()
-_warned = False
+def _targets(state: Any) -> list[tuple[Any, str, Any]]:
+    from langgraph.pregel import _loop, _runner
+
+    call = functools.partial(_call, state)
+    return [(_loop.PregelLoop, "tick", _tick), (_loop.PregelLoop, "after_tick", _after_tick),
+            (_loop.PregelLoop, "accept_push", _accept_push), (_loop.SyncPregelLoop, "__exit__", _exit),
+            (_loop.AsyncPregelLoop, "__aexit__", _aexit), (_runner, "_call", call), (_runner, "_acall", call)]
 
 
-def installed() -> bool:
-    return bool(_originals)
-
-
-def install() -> bool:
-    """Apply the hooks once (True when they are in place). Outside ``SUPPORTED``, or when a hooked
-    name is missing, logs once and applies none: the public tier runs alone."""
-    global _warned
-    with _lock:
-        if _originals:
-            return True
-        v = installed_version()
-        try:
-            if not supported(v):
-                raise RuntimeError(f"langgraph {'.'.join(map(str, v or ()))} is outside the supported range "
-                                   f"{'.'.join(map(str, SUPPORTED[0]))} <= v < {'.'.join(map(str, SUPPORTED[1]))}")
-            import wrapt
-            from langgraph.pregel import _loop, _runner
-
-            mods = {"_loop": _loop, "_runner": _runner}
-            targets = []
-            for owner, attr, hook in _HOOKS:
-                mod, _, cls = owner.partition(".")
-                obj = getattr(mods[mod], cls) if cls else mods[mod]
-                targets.append((obj, attr, (obj.__dict__ if cls else vars(obj))[attr], hook))
-        except Exception as e:  # noqa: BLE001 - no precision tier, the public one still records
-            if not _warned:
-                _warned = True
-                log.warning("marft capture: LangGraph channel provenance is off (%s); dependencies come from "
-                            "public run metadata (episodes say metadata['dependency_source'])", e)
-            return False
-        for obj, attr, original, hook in targets:
-            _originals.append((obj, attr, original))
-            setattr(obj, attr, wrapt.FunctionWrapper(original, hook))
-        return True
-
-
-def uninstall() -> None:
-    """Put every hooked callable back (the objects found at install)."""
-    with _lock:
-        while _originals:
-            obj, attr, original = _originals.pop()
-            setattr(obj, attr, original)
+def hooks(state: Any) -> Hooks:
+    """The precision tier's hooks for one capture state (installed by its ``start()``)."""
+    return Hooks("langgraph", SUPPORTED, lambda: _targets(state),
+                 "LangGraph channel provenance is off; dependencies come from public run metadata "
+                 "(episodes say metadata['dependency_source'])")
 
 
 def mark(config: Any, handler: CaptureHandler) -> dict:
@@ -433,4 +382,4 @@ def marked(config: Any) -> bool:
     return isinstance(config, dict) and MARK in (config.get("configurable") or {})
 
 
-__all__ = ["CAPTURE_HANDLER", "SUPPORTED", "install", "installed", "mark", "marked", "supported", "uninstall"]
+__all__ = ["SUPPORTED", "hooks", "mark", "marked", "supported"]

@@ -1,9 +1,10 @@
-"""Captured runs and their tasks, shared by both tiers; how other integrations find the running task.
+"""Captured runs and their tasks, shared by both tiers.
 
-A ``_Run`` is one captured graph invocation: its recorder, its tasks (``TASKS``, by LangGraph task
-id, filled by the precision tier from the Pregel loop, or by the public tier from run metadata),
-and the recording order its ``depends_on`` lists keep. Runs that join one episode share a
-``_Scope`` (recording order, checkpointed threads' provenance). No LangGraph import here.
+A ``_Run`` is one captured graph invocation: its recorder, its tasks (in the capture state's
+``tasks``, by LangGraph task id, filled by the precision tier from the Pregel loop, or by the public
+tier from run metadata), and the recording order its ``depends_on`` lists keep. Runs that join one
+episode share a ``_Scope`` (recording order, checkpointed threads' provenance, the tool calls asked
+for), kept in the recorder's ``integration_data``. No LangGraph import here.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import contextvars
 import json
 import threading
-import weakref
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -28,13 +28,10 @@ _ENV_OUTPUT_CHARS = 4000
 DEPENDENCY_SOURCE = "dependency_source"
 CHANNELS, PUBLIC = "langgraph_channels", "langgraph_run_metadata"
 
-# Tasks of captured runs by LangGraph task id. Ids are unique per checkpoint, namespace and step,
-# so one index serves every run.
-TASKS: dict[str, Task] = {}
-# What runs that join an episode share, by episode. Weak keys: it goes with its recorder.
-_SCOPES: weakref.WeakKeyDictionary[EpisodeRecorder, _Scope] = weakref.WeakKeyDictionary()
-_SCOPES_LOCK = threading.Lock()
-# The run an instrumented call started (public tier: runs are found through it, not the loop).
+_SCOPE_KEY = "langgraph.scope"  # the recorder's ``integration_data`` key
+_SCOPE_LOCK = threading.Lock()
+# The run an instrumented call started (public tier: runs are found through it, not the loop). Per
+# call context, like every context variable of the capture.
 RUN: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("marft_langgraph_run", default=None)
 
 
@@ -64,10 +61,10 @@ class ToolCalls:
 
 
 def scope(rec: EpisodeRecorder) -> _Scope:
-    with _SCOPES_LOCK:
-        s = _SCOPES.get(rec)
+    with _SCOPE_LOCK:
+        s = rec.integration_data.get(_SCOPE_KEY)
         if s is None:
-            s = _SCOPES[rec] = _Scope()
+            s = rec.integration_data[_SCOPE_KEY] = _Scope()
         return s
 
 
@@ -76,6 +73,7 @@ class _Run:
 
     def __init__(self, handler: CaptureHandler, recorder: EpisodeRecorder, owned: bool, task_input: Any = None):
         self.handler = handler
+        self.state = handler.state  # the capture state its tasks are registered in
         self.recorder = recorder
         self.owned = owned
         self.input = task_input
@@ -124,13 +122,13 @@ class _Run:
         # Reference cycles (run <-> handler, task <-> subgraph state, caller <-> @task) are cut
         # here: left to the cyclic GC, each run's garbage would cost a collection every few runs.
         h, self.handler = self.handler, None
+        tasks = self.state.tasks
         for tid in self.task_ids:
-            t = TASKS.pop(tid, None)
+            t = tasks.pop(tid, None)
             if t is not None:
                 t.children, t.pushed, t.received, t.pusher = [], [], set(), None
         self.public.clear()
-        for fn in _RUN_FINISHED:
-            fn(self)
+        self.state.forget(self)
         rec = self.recorder
         rec.metadata.setdefault(DEPENDENCY_SOURCE, h.dependency_source())
         if h.reward_fn is not None and error is None:
@@ -145,16 +143,13 @@ class _Run:
             h.on_finish(rec)
 
 
-# Called with each finished run (the callback handler forgets its calls in flight).
-_RUN_FINISHED: list[Callable[[_Run], None]] = []
-
-
 class CaptureHandler:
     """The settings and runs of one ``instrument``-ed call (``run`` set) or one ``capture()`` block."""
 
-    def __init__(self, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
+    def __init__(self, state: Any, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
                  source: str = "langgraph", on_finish: Callable[[EpisodeRecorder], None] | None = None,
                  registry: Any = None):
+        self.state = state  # the ``LangGraphState`` its runs register their tasks in
         self.store = store
         self.reward_fn = reward_fn
         self.source = source
@@ -185,10 +180,11 @@ def task_id(ns: str | None) -> str | None:
     return ns.rsplit("|", 1)[-1].rpartition(":")[2] or None
 
 
-def find_task(meta: dict[str, Any]) -> Task | None:
+def find_task(state: Any, meta: dict[str, Any]) -> Task | None:
     """The captured task a LangChain run (model or tool call) with this metadata runs in."""
     ns = meta.get("langgraph_checkpoint_ns")
-    t = TASKS.get(task_id(ns)) if TASKS and ns else None
+    tasks = state.tasks
+    t = tasks.get(task_id(ns)) if tasks and ns else None
     if t is not None:
         return t
     run = RUN.get()
@@ -226,87 +222,3 @@ def record_env(t: Task, writes: Any) -> None:
         out = {c: v for c, v in writes if not c.startswith(("__", "branch:"))}
         out_text = json.dumps(out, default=str) if out else ""
     t.run.record(t, "env", {"output": {"text": out_text[:_ENV_OUTPUT_CHARS]}, "error": err}, t.deps, t.started)
-
-
-# -- what other integrations see: the running task ------------------------------------------------
-
-
-def current_task() -> Task | None:
-    if not TASKS and RUN.get() is None:
-        return None
-    from langchain_core.runnables.config import var_child_runnable_config
-
-    cfg = var_child_runnable_config.get()
-    if not cfg:
-        return None
-    t = find_task(cfg.get("metadata") or {})
-    return t if t is not None and not t.run.finished else None
-
-
-def _current_recorder() -> EpisodeRecorder | None:
-    t = current_task()
-    return t.run.recorder if t is not None else None
-
-
-def in_captured_task() -> bool:
-    return current_task() is not None
-
-
-def record_in_current_task(fields: dict[str, Any], started: datetime | None = None, kind: str = "llm") -> bool:
-    """Record an action made inside a captured node as that node's agent (False when not in one).
-
-    For other integrations: a direct ``openai`` call (``kind="llm"``), an MCP tool call
-    (``kind="tool"``), ... ``fields`` are ``record_action`` keyword arguments (observation,
-    output, sampling, policy, token_source, error, metadata, action_id). The action gets the
-    node's step and depends on the node's inputs and on its earlier actions.
-    """
-    t = current_task()
-    if t is None:
-        return False
-    with t.run.lock:
-        deps = t.run.deps_of(t)
-        t.calls += 1
-    t.run.record(t, kind, dict(fields), deps, started)
-    return True
-
-
-class _TaskHandle:
-    """The running task as ``episode_context.FrameworkTask``: what a protocol call step made in it needs."""
-
-    __slots__ = ("_t",)
-
-    def __init__(self, t: Task):
-        self._t = t
-
-    @property
-    def agent(self) -> str:
-        return self._t.agent
-
-    @property
-    def step(self) -> int | None:
-        return self._t.step
-
-    @property
-    def recorder(self) -> EpisodeRecorder:
-        return self._t.run.recorder
-
-    @property
-    def finished(self) -> bool:
-        return self._t.run.finished
-
-    def depends_on(self) -> list[str]:
-        run = self._t.run
-        with run.lock:
-            return run.sorted_ids(run.deps_of(self._t))
-
-    def record(self, kind: str, fields: dict[str, Any], depends_on: Any, started: datetime | None = None) -> str:
-        return self._t.run.record(self._t, kind, dict(fields), frozenset(depends_on), started)
-
-
-def _current_handle() -> _TaskHandle | None:
-    t = current_task()
-    return _TaskHandle(t) if t is not None else None
-
-
-episode_context.register_episode_finder(_current_recorder)
-episode_context.register_task_context(in_captured_task, record_in_current_task, _current_handle)

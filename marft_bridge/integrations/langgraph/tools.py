@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import time
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
 from ...messages import canonical_arguments
-from ...capture_errors import capture_error
+from ...capture_errors import capture_error, guarded
 from ...schema import utcnow
 from . import convert
 from .provenance import Task
@@ -35,16 +35,48 @@ _PARENT = "__parent__"  # langgraph.types.Command.PARENT
 
 
 class _ToolRun:
-    __slots__ = ("task", "name", "args", "call_id", "owner", "deps", "started", "t0")
+    """A tool execution in flight; as ``episode_context.ToolStep``, what an MCP call made inside it enriches."""
+
+    __slots__ = ("task", "name", "args", "call_id", "owner", "deps", "started", "t0", "_id", "extra", "waiting")
 
     def __init__(self, task: Task, name: str, args: Any, call_id: str | None, owner: tuple | None,
                  deps: frozenset[str]):
         self.task, self.name, self.args, self.call_id, self.owner, self.deps = task, name, args, call_id, owner, deps
         self.started, self.t0 = utcnow(), time.perf_counter()
+        self._id: str | None = None  # reserved when a call inside it needs it before the step is recorded
+        self.extra: dict[str, Any] = {}
+        self.waiting: list[Callable[[bool], None]] = []
 
+    @property
+    def action_id(self) -> str:
+        if self._id is None:
+            self._id = self.task.run.recorder.new_action_id()
+        return self._id
 
-_TOOLS: dict[UUID, _ToolRun] = {}
-_LOCK = threading.Lock()
+    @property
+    def agent(self) -> str:
+        return self.owner[1] if self.owner is not None else self.task.agent
+
+    @property
+    def step(self) -> int | None:
+        return self.task.step
+
+    def depends_on(self) -> list[str]:
+        run = self.task.run
+        with run.lock:
+            return run.sorted_ids(self.deps)
+
+    def enrich(self, metadata: dict[str, Any], depends_on: Any, on_recorded: Callable[[bool], None]) -> None:
+        with self.task.run.lock:
+            self.extra.update(metadata)
+            self.deps = self.deps | frozenset(depends_on)
+            self.waiting.append(on_recorded)
+
+    def settle(self, recorded: bool) -> None:
+        waiting, self.waiting = self.waiting, []
+        for fn in waiting:
+            with guarded("langgraph.tool_step", self.task.run.recorder):
+                fn(recorded)
 
 
 def note_calls(run: Any, action_id: str, agent: str, calls: list[dict] | None) -> None:
@@ -92,8 +124,9 @@ def start(task: Task, run_id: UUID, name: str, args: Any, call_id: str | None) -
         # (a ToolNode reading the whole message list reads no more of it). A tool called by hand in
         # a node depends on what the node had seen.
         deps = frozenset((owner[0],)) if owner is not None else run.deps_of(task)
-    with _LOCK:
-        _TOOLS[run_id] = _ToolRun(task, name, args, call_id, owner, deps)
+    state = run.state
+    with state.tools_lock:
+        state.tools[run_id] = _ToolRun(task, name, args, call_id, owner, deps)
 
 
 def _result(output: Any, call_id: str | None) -> tuple[str, dict[str, Any]]:
@@ -117,14 +150,27 @@ def _result(output: Any, call_id: str | None) -> tuple[str, dict[str, Any]]:
     return convert.result_text(convert.jsonable(output)), extra
 
 
-def end(run_id: UUID, output: Any = None, error: BaseException | None = None) -> None:
-    if not _TOOLS:
+def current_tool_run(state: Any) -> _ToolRun | None:
+    """The tool run whose body is executing in this context: LangChain runs a tool with a child
+    config whose callback manager names the tool's run as parent."""
+    if not state.tools:
+        return None
+    from langchain_core.runnables.config import var_child_runnable_config
+
+    cfg = var_child_runnable_config.get()
+    parent = getattr((cfg or {}).get("callbacks"), "parent_run_id", None)
+    return state.tools.get(parent) if parent is not None else None
+
+
+def end(state: Any, run_id: UUID, output: Any = None, error: BaseException | None = None) -> None:
+    if not state.tools:
         return
-    with _LOCK:
-        tr = _TOOLS.pop(run_id, None)
+    with state.tools_lock:
+        tr = state.tools.pop(run_id, None)
     if tr is None:
         return
     run = tr.task.run
+    recorded = False
     try:
         if run.finished:
             return
@@ -134,17 +180,23 @@ def end(run_id: UUID, output: Any = None, error: BaseException | None = None) ->
         args_json = convert.arguments_json(tr.args)
         call = {"id": tr.call_id, "type": "function", "function": {"name": tr.name, "arguments": args_json}}
         meta = {"tool.name": tr.name, "tool.arguments": tr.args, "tool_call_id": tr.call_id,
-                "latency_s": time.perf_counter() - tr.t0, **extra}
+                "latency_s": time.perf_counter() - tr.t0, **extra, **tr.extra}
         fields = {"observation": {"messages": [{"role": "assistant", "content": None, "tool_calls": [call]}]},
                   "output": {"text": text}, "metadata": meta,
                   "error": f"{type(error).__name__}: {error}" if error is not None else None}
+        if tr._id is not None:
+            fields["action_id"] = tr._id
         agent = tr.owner[1] if tr.owner is not None else None
-        aid = run.record(tr.task, "tool", fields, tr.deps, tr.started, agent=agent)
+        run.record(tr.task, "tool", fields, tr.deps, tr.started, agent=agent)
+        recorded = True
         if tr.owner is not None:
             with run.lock:
                 run.calls.answered_calls.add((tr.owner[0], tr.owner[2]))
     except Exception as e:  # noqa: BLE001 - capture must not break the app
         capture_error("langgraph.tool_end", e, run.recorder)
+    finally:
+        if tr.waiting:
+            tr.settle(recorded)
 
 
 def _bubbles(error: BaseException) -> bool:
@@ -153,10 +205,3 @@ def _bubbles(error: BaseException) -> bool:
     except ImportError:
         return False
     return isinstance(error, GraphBubbleUp)
-
-
-def forget(run: Any) -> None:
-    if _TOOLS:
-        with _LOCK:
-            for rid in [rid for rid, tr in _TOOLS.items() if tr.task.run is run]:
-                _TOOLS.pop(rid, None)
