@@ -6,6 +6,9 @@ in the capture tests. Each model follows a script keyed by how many tool results
   ``transfer_to_billing`` (a handoff); more -> answers text;
 - ``billing-model``: answers ``"billed: <the lookup result>"``;
 - ``echo-model``: answers ``"echo: <last user text>"``;
+- ``lead-model`` (Responses API): no tool result yet -> calls ``ask_helper(input="capital of France?")``
+  (an agent used as a tool); then answers ``"lead: <the tool result>"``; ``helper-model`` answers
+  ``"helper says <its user text>"``;
 - ``boss-model`` / ``helper-model`` (chat completions, for pydantic-ai): the boss calls the
   ``ask_helper`` tool (an agent as a tool) then ``add(a=2, b=3)``, then answers with both results;
   the helper answers ``"helper says <its user text>"``.
@@ -59,6 +62,12 @@ def responses_output(req: dict) -> list[dict]:
         return [message("done")]
     if model == "billing-model":
         return [message(f"billed: {done[0] if done else '?'}")]
+    if model == "lead-model":
+        if not done:
+            return [function_call("call_helper", "ask_helper", {"input": "capital of France?"})]
+        return [message(f"lead: {done[0]}")]
+    if model == "helper-model":
+        return [message(f"helper says {_last_user_text(items)}")]
     return [message(f"echo: {_last_user_text(items)}")]
 
 

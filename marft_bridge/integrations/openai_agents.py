@@ -73,7 +73,7 @@ class AgentsState(CaptureState):
         self.lock = threading.Lock()
         self.runs: dict[str, Run] = {}
         self.capture_of_context: Callable[[], Any] | None = None  # the open ``capture()`` block, if any
-        self.added = False  # whether ``start`` added the processor (``stop`` takes it out again)
+        self.added: tuple | None = None  # the SDK's processor list after ``start`` added ours
         self.warned = False
 
     def start(self) -> None:
@@ -82,14 +82,15 @@ class AgentsState(CaptureState):
             import agents
 
             agents.add_trace_processor(_processor())
-            self.added = processors is not None
+            self.added = _processors(raw=True)
 
     def stop(self) -> None:
-        processors = _processors()
-        if self.added and processors is not None:
+        """Take out the processor ``start`` added, unless the app set its own list since."""
+        now = _processors(raw=True)
+        if self.added is not None and now is self.added:
             import agents
 
-            agents.set_trace_processors([p for p in processors if p is not _processor()])
+            agents.set_trace_processors([p for p in now if p is not _processor()])
 
     def run(self) -> Run | None:
         if not self.runs:
@@ -265,14 +266,16 @@ def trace_processor() -> Any:
     return _processor()
 
 
-def _processors() -> list[Any] | None:
-    """The SDK's registered processors (read from its provider; None where it cannot be read)."""
+def _processors(raw: bool = False) -> Any:
+    """The SDK's registered processors, read from its provider (the SDK has no public reader; None
+    where it cannot be read): a list, or with ``raw`` the SDK's own (immutable) tuple."""
     with guarded("openai_agents.processors"):
         from agents.tracing import get_trace_provider
 
         multi = getattr(get_trace_provider(), "_multi_processor", None)
         procs = getattr(multi, "_processors", None)
-        return list(procs) if isinstance(procs, (list, tuple)) else None
+        if isinstance(procs, (list, tuple)):
+            return procs if raw else list(procs)
     return None
 
 

@@ -1,0 +1,139 @@
+"""OpenAI Agents SDK apps the way people set them up: the README's processor advice followed before
+capture starts (or the processor registered twice), tracing switched off, and an agent used as a
+tool (``agent.as_tool``) in ``run_sync`` and ``run_streamed``. Exact agents, kinds and D."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from agents import Agent, OpenAIResponsesModel, Runner, add_trace_processor, set_trace_processors, set_tracing_disabled
+from fake_responses import FakeServer
+from openai import AsyncOpenAI
+from test_capture_agents_sdk import check_episode, team
+
+import marft_bridge as mb
+from marft_bridge.integrations import openai_agents
+from marft_bridge.recording import capture_stats, reset_capture_stats
+
+
+@pytest.fixture(scope="module")
+def srv():
+    with FakeServer() as s:
+        yield s
+
+
+@pytest.fixture(autouse=True)
+def _only_our_processor(monkeypatch):
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    set_trace_processors([openai_agents.trace_processor()])  # the README's advice, before any capture
+    reset_capture_stats()
+    yield
+    set_tracing_disabled(False)
+
+
+def _processors():
+    return openai_agents._processors()
+
+
+def run_one(srv, sqlite_store):
+    with mb.capture(store=sqlite_store) as cap:
+        assert Runner.run_sync(team(srv.url), "weather in Paris, then bill me").final_output == "billed: Paris: 21C"
+    assert len(cap.episode_ids) == 1
+    sqlite_store.flush()
+    return sqlite_store.get_episode(cap.episode_ids[0])
+
+
+def test_the_apps_own_processor_list_gets_no_second_processor(srv, sqlite_store):
+    ep = run_one(srv, sqlite_store)
+    check_episode(ep)  # one tool step per tool, one handoff step
+    assert [type(p).__name__ for p in _processors()] == ["EpisodeTraceProcessor"]
+    assert capture_stats()["errors"] == 0
+
+
+def test_a_processor_registered_twice_still_records_each_step_once(srv, sqlite_store):
+    add_trace_processor(openai_agents.trace_processor())  # an app that followed the advice twice
+    assert len(_processors()) == 2
+    check_episode(run_one(srv, sqlite_store))
+
+
+def test_capture_first_then_the_apps_list_replaces_it(srv, sqlite_store):
+    set_trace_processors([])
+    with mb.capture(store=sqlite_store) as cap:
+        assert len(_processors()) == 1  # capture added it
+        set_trace_processors([openai_agents.trace_processor()])  # the app sets its list afterwards
+        Runner.run_sync(team(srv.url), "weather in Paris, then bill me")
+    sqlite_store.flush()
+    check_episode(sqlite_store.get_episode(cap.episode_ids[0]))
+    assert _processors() == [openai_agents.trace_processor()]
+
+
+def test_capture_takes_out_the_processor_it_added(srv, sqlite_store):
+    set_trace_processors([])
+    with mb.capture(store=sqlite_store):
+        assert _processors() == [openai_agents.trace_processor()]
+    assert _processors() == []
+
+
+def test_with_tracing_disabled_one_warning_names_the_fix(srv, sqlite_store, caplog):
+    set_tracing_disabled(True)
+    with caplog.at_level(logging.WARNING, logger="marft_bridge.capture"):
+        with mb.capture(store=sqlite_store) as cap:
+            for _ in range(2):
+                assert Runner.run_sync(team(srv.url), "weather in Paris, then bill me").final_output == "billed: Paris: 21C"
+    warnings = [r.getMessage() for r in caplog.records if "tracing disabled" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "set_trace_processors([marft_bridge.integrations.openai_agents.trace_processor()])" in warnings[0]
+    assert cap.episode_ids == []
+    assert capture_stats()["errors"] == 0
+
+
+# -- an agent used as a tool ---------------------------------------------------------------------------
+
+
+def lead_team(url: str):
+    client = AsyncOpenAI(base_url=url, api_key="test", max_retries=0)
+    helper = Agent(name="helper", instructions="You help.", model=OpenAIResponsesModel("helper-model", client))
+    return Agent(name="lead", instructions="You lead.", model=OpenAIResponsesModel("lead-model", client),
+                 tools=[helper.as_tool(tool_name="ask_helper", tool_description="Ask the helper.")])
+
+
+def check_delegation(ep):
+    acts = ep.actions
+    assert [(a.agent, a.kind) for a in acts] == [("lead", "llm"), ("helper", "llm"), ("lead", "tool"), ("lead", "llm")]
+    ask, helped, tool, answer = acts
+    assert ask.output.tool_calls[0]["function"]["name"] == "ask_helper"
+    # the nested agent's first call reads the asking call's tool call (its input)
+    assert helped.depends_on == [ask.id]
+    assert helped.observation.messages[-1].content == "capital of France?"
+    assert helped.output.text == "helper says capital of France?"
+    # the tool step returns the nested agent's final answer
+    assert sorted(tool.depends_on) == sorted([ask.id, helped.id])
+    assert tool.output.text == "helper says capital of France?" and tool.metadata["tool.name"] == "ask_helper"
+    assert tool.metadata["tool_call_id"] == "call_helper"
+    assert sorted(answer.depends_on) == sorted([ask.id, helped.id, tool.id])
+    assert answer.output.text == "lead: helper says capital of France?"
+
+
+def test_an_agent_as_a_tool_is_linked_through_the_span_tree(srv, sqlite_store):
+    with mb.capture(store=sqlite_store) as cap:
+        out = Runner.run_sync(lead_team(srv.url), "what is the capital of France?")
+    assert out.final_output == "lead: helper says capital of France?"
+    sqlite_store.flush()
+    check_delegation(sqlite_store.get_episode(cap.episode_ids[0]))
+    assert capture_stats()["errors"] == 0
+
+
+def test_an_agent_as_a_tool_streamed(srv, sqlite_store):
+    async def main():
+        with mb.capture(store=sqlite_store) as cap:
+            run = Runner.run_streamed(lead_team(srv.url), "what is the capital of France?")
+            async for _ in run.stream_events():
+                pass
+        return cap, run
+
+    cap, run = asyncio.run(main())
+    assert run.final_output == "lead: helper says capital of France?"
+    sqlite_store.flush()
+    check_delegation(sqlite_store.get_episode(cap.episode_ids[0]))
