@@ -1,4 +1,4 @@
-"""Capture MCP tool use (python SDK ``mcp``, 1.x from 1.19 and 2.x: ``SUPPORTED``) on the client and
+"""Capture MCP tool use (python SDK ``mcp``, 1.x from 1.21.2 and 2.x: ``SUPPORTED``) on the client and
 on the server (``mcp_server``: ``instrument_server``, re-exported here).
 
 Client, one object: ``instrument_client(client, agent=None, store=None)`` wraps one 2.x ``mcp.Client``
@@ -47,8 +47,9 @@ from .hooks import Hooks, installed_version
 from .mcp_records import block_text, error_text, input_required, jsonable, result_text, tool_fields
 from .mcp_server import CaptureMiddleware, instrument_server, uninstrument_server
 
-# mcp versions the client hooks were checked against: [low, high). 1.19 added call_tool(meta=...).
-SUPPORTED = ((1, 19), (3, 0))
+# mcp versions the client hooks were checked against: [low, high). call_tool(meta=...) came in 1.19;
+# 1.21.2 is the first 1.x that imports on pydantic 2.14.
+SUPPORTED = ((1, 21, 2), (3, 0))
 
 # The captured tool call running in this context (per call: the rounds of a captured 2.x
 # ``Client.call_tool`` pass through the session hooks, and the sampling callback finds its call).
@@ -70,6 +71,15 @@ def _server_name(target: Any) -> str | None:
         return getattr(info, "name", None)
     session = getattr(target, "session", None) if not hasattr(target, "send_request") else target
     return getattr(session, "__dict__", {}).get("_marft_server") if session is not None else None
+
+
+def _half_server(step: prop.CallStep) -> str | None:
+    """The server's name as its captured half says it (a 1.x session instrumented after ``initialize``)."""
+    for data, _, _ in step.halves:
+        name = (data.get("metadata") or {}).get("mcp.server") if isinstance(data, dict) else None
+        if isinstance(name, str):
+            return name
+    return None
 
 
 def _session_id(target: Any) -> str | None:
@@ -124,7 +134,7 @@ def _record_tool_step(tc: _ToolCall, target: Any, name: str, arguments: Any, sta
         text, is_error = result_text(result) if result is not None else ("", False)
         meta = fields["metadata"]
         meta["latency_s"] = time.perf_counter() - t0
-        meta["mcp.server"] = _server_name(target)
+        meta["mcp.server"] = _server_name(target) or _half_server(tc.step)
         meta["mcp.session"] = _session_id(target)
         if is_error and error is None:
             error = text or "tool returned isError"
