@@ -144,10 +144,20 @@ class Instrumentor:
         self._holders = {k: self._holders[k] for k in live}
         return live
 
+    def _key(self, holder: Any) -> int | None:
+        """The key ``holder`` is held under: by identity, or for kept holders by equality (a bound
+        method is a new object each time it is read)."""
+        held = self._held()
+        if held.get(id(holder)) is holder:
+            return id(holder)
+        if not self._weak:
+            return next((k for k, h in held.items() if h == holder), None)
+        return None
+
     def instrument(self, holder: Any = None) -> Any:
         with self.lock:
             holder = self if holder is None else holder
-            if id(holder) not in self._held():
+            if self._key(holder) is None:
                 try:
                     self._holders[id(holder)] = weakref.ref(holder) if self._weak else holder
                 except TypeError:  # not weakly referenceable: held until uninstrumented
@@ -162,9 +172,9 @@ class Instrumentor:
     def uninstrument(self, holder: Any = None) -> None:
         with self.lock:
             holder = self if holder is None else holder
-            held = self._held()
-            if held.get(id(holder)) is holder:
-                del self._holders[id(holder)]
+            key = self._key(holder)
+            if key is not None:
+                del self._holders[key]
             if not self._holders and self.state is not None:
                 self._drop()
 
