@@ -147,16 +147,19 @@ class Instrumentor:
     def _key(self, holder: Any) -> int | None:
         """The key ``holder`` is held under: by identity, or for kept holders by equality (a bound
         method is a new object each time it is read)."""
-        held = self._held()
-        if held.get(id(holder)) is holder:
+        ref = self._holders.get(id(holder))
+        if ref is not None and (ref() if isinstance(ref, weakref.ref) else ref) is holder:
             return id(holder)
         if not self._weak:
-            return next((k for k, h in held.items() if h == holder), None)
+            return next((k for k, h in self._held().items() if h == holder), None)
         return None
 
     def instrument(self, holder: Any = None) -> Any:
+        holder = self if holder is None else holder
+        state = self.state
+        if state is not None and holder is self and id(self) in self._holders:
+            return state  # the process holds it already (an ``episode()`` block on entry)
         with self.lock:
-            holder = self if holder is None else holder
             if self._key(holder) is None:
                 try:
                     self._holders[id(holder)] = weakref.ref(holder) if self._weak else holder
@@ -175,7 +178,7 @@ class Instrumentor:
             key = self._key(holder)
             if key is not None:
                 del self._holders[key]
-            if not self._holders and self.state is not None:
+            if not self._held() and self.state is not None:
                 self._drop()
 
     def uninstrument_all(self) -> None:

@@ -31,6 +31,7 @@ def _only_our_processor(monkeypatch):
     reset_capture_stats()
     yield
     set_tracing_disabled(False)
+    openai_agents.uninstrument()  # the next test starts without a capture state
 
 
 def _processors():
@@ -73,6 +74,7 @@ def test_capture_takes_out_the_processor_it_added(srv, sqlite_store):
     set_trace_processors([])
     with mb.capture(store=sqlite_store):
         assert _processors() == [openai_agents.trace_processor()]
+    openai_agents.uninstrument()
     assert _processors() == []
 
 

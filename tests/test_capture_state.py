@@ -18,12 +18,20 @@ import marft_bridge as mb
 from marft_bridge import episode_context, recording
 from marft_bridge.integrations import mcp as mcp_capture
 from marft_bridge.integrations import openai as oa
+from marft_bridge.integrations import openai_agents
 from marft_bridge.integrations.langgraph import LANGGRAPH
 
 
 def _originals():
     return {"sync": vars(SyncAPIClient)["request"], "async": vars(AsyncAPIClient)["request"],
             "tick": vars(_loop.PregelLoop)["tick"], "session": vars(ClientSession)["call_tool"]}
+
+
+def _reset() -> None:
+    """No instrumented app, no client capture instrumented for the process."""
+    mb.uninstrument()
+    oa.uninstrument()
+    openai_agents.uninstrument()
 
 
 def test_importing_every_integration_registers_nothing():
@@ -47,7 +55,7 @@ def test_importing_every_integration_registers_nothing():
 
 
 def test_the_openai_hook_lives_while_any_holder_does():
-    mb.uninstrument()
+    _reset()
     orig = _originals()
     a, b = object(), object()
     assert oa.instrument(a) and oa.instrument(a)  # idempotent per holder
@@ -61,19 +69,18 @@ def test_the_openai_hook_lives_while_any_holder_does():
     assert vars(SyncAPIClient)["request"] is orig["sync"] and vars(AsyncAPIClient)["request"] is orig["async"]
 
 
-def test_an_episode_block_holds_the_client_hooks_while_it_is_open(sqlite_store):
-    mb.uninstrument()
+def test_an_episode_block_instruments_the_client_for_the_process(sqlite_store):
+    _reset()
     orig = _originals()
     with mb.episode(store=sqlite_store):
         assert oa.instrumented() and vars(SyncAPIClient)["request"] is not orig["sync"]
-        with mb.episode(store=sqlite_store):
-            pass
-        assert oa.instrumented()  # the outer block still holds them
+    assert oa.instrumented()  # kept: re-applying per block would cost every block
+    oa.uninstrument()
     assert vars(SyncAPIClient)["request"] is orig["sync"] and oa.OPENAI.state is None
 
 
 def test_instrumented_apps_hold_the_langgraph_state_and_its_hooks(sqlite_store):
-    mb.uninstrument()
+    _reset()
     orig = _originals()
     assert LANGGRAPH.state is None and episode_context.active_states() == ()
     one = mb.instrument(chain_app(), store=sqlite_store)
@@ -93,12 +100,13 @@ def test_instrumented_apps_hold_the_langgraph_state_and_its_hooks(sqlite_store):
 
 
 def test_a_capture_block_holds_the_state_only_while_open(sqlite_store):
-    mb.uninstrument()
+    _reset()
     orig = _originals()
     hooks = len(lc_context._configure_hooks)
     with mb.capture(store=sqlite_store) as c:
         assert LANGGRAPH.state is not None
         chain_app().invoke({"question": "q"})
+    oa.uninstrument()  # the block instruments the raw client for the process
     assert len(c.episode_ids) == 1 and LANGGRAPH.state is None and _originals() == orig
     with mb.capture(store=sqlite_store):
         pass

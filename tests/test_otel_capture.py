@@ -147,11 +147,11 @@ def test_emitted_spans_round_trip_exactly(server, sqlite_store):  # noqa: F811
     mem = InMemorySpanExporter()
     tp = TracerProvider()
     tp.add_span_processor(SimpleSpanProcessor(mem))
-    emitter = otel.SpanEmitter(tracer_provider=tp).install()
+    emitter = otel.SpanEmitter(tracer_provider=tp).instrument()
     try:
         native = native_episode(url, sqlite_store)
     finally:
-        emitter.uninstall()
+        emitter.uninstrument()
     spans = mem.get_finished_spans()
     assert sorted(s.name for s in spans) == sorted(
         ["invoke_workflow marft", "chat planner", "chat coder", "chat tester", "chat reviewer", "invoke_agent tidy"])
@@ -171,11 +171,11 @@ def test_emitted_spans_round_trip_exactly(server, sqlite_store):  # noqa: F811
 def test_own_spans_are_not_recorded_twice(server, sqlite_store):  # noqa: F811
     _, url = server
     tp, proc = provider_with(sqlite_store)
-    emitter = otel.SpanEmitter(tracer_provider=tp).install()
+    emitter = otel.SpanEmitter(tracer_provider=tp).instrument()
     try:
         native_episode(url, sqlite_store)
     finally:
-        emitter.uninstall()
+        emitter.uninstrument()
     sqlite_store.flush()
     assert sqlite_store.count() == 1 and proc.assembler.episodes == 0
 
@@ -285,11 +285,11 @@ def test_tool_calling_episode_round_trips_through_emitted_spans(sqlite_store):
     mem = InMemorySpanExporter()
     tp = TracerProvider()
     tp.add_span_processor(SimpleSpanProcessor(mem))
-    emitter = otel.SpanEmitter(tracer_provider=tp).install()
+    emitter = otel.SpanEmitter(tracer_provider=tp).instrument()
     try:
         native = rec.finish() and rec.episode
     finally:
-        emitter.uninstall()
+        emitter.uninstrument()
     spans = mem.get_finished_spans()
     tool_span = next(s for s in spans if s.name == "execute_tool calc")
     assert tool_span.attributes["gen_ai.tool.call.id"] == "call_1" and tool_span.attributes["gen_ai.tool.name"] == "add"

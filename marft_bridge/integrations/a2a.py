@@ -4,7 +4,8 @@ Every A2A agent is an agent of the episode, named by its ``AgentCard``.
 
 Client: ``CaptureInterceptor(agent=None)`` (pass it to ``create_client(..., interceptors=[...])``)
 or ``await connect(url_or_card, agent=..., ...)`` / ``instrument_client(client, agent=...)``,
-which also records calls that fail in the transport. Inside an episode each ``send_message`` is
+which also records calls that fail in the transport (``uninstrument_client(client)`` undoes it).
+Inside an episode each ``send_message`` is
 a ``kind="message"`` action of the sending agent (``agent``; inside an A2A agent served with
 ``CaptureExecutor``: that agent): the text sent (``observation``), the reply (``output``: the
 reply message, or the task's status message and artifacts), and in ``metadata`` the receiver
@@ -252,6 +253,21 @@ def instrument_client(client: Any, agent: str | None = None) -> Any:
     return client
 
 
+def uninstrument_client(client: Any) -> Any:
+    """Undo ``instrument_client``: the client's own ``send_message`` and interceptors again."""
+    if getattr(client, "_marft_a2a", None) is None:
+        return client
+    client.__dict__.pop("send_message", None)
+    interceptors = getattr(client, "_interceptors", None)
+    if isinstance(interceptors, list):
+        gone = [i for i in interceptors if isinstance(i, CaptureInterceptor)]
+        interceptors[:] = [i for i in interceptors if not isinstance(i, CaptureInterceptor)]
+        for i in gone:
+            prop.CALLS.uninstrument(i)
+    client._marft_a2a = None
+    return client
+
+
 async def connect(agent_or_url: Any, agent: str | None = None, client_config: Any = None,
                   interceptors: list | None = None, **kw: Any) -> Any:
     """``a2a.client.create_client`` with capture installed (``instrument_client``)."""
@@ -398,4 +414,4 @@ class CaptureExecutor(AgentExecutor):
             rec.finish("failed" if error else "completed", error)
 
 
-__all__ = ["CaptureExecutor", "CaptureInterceptor", "connect", "instrument_client"]
+__all__ = ["CaptureExecutor", "CaptureInterceptor", "connect", "instrument_client", "uninstrument_client"]

@@ -13,6 +13,7 @@ a target is missing, it logs once and returns False. ``uninstall()`` puts the or
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -38,7 +39,9 @@ def parse_version(v: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=None)
 def installed_version(distribution: str) -> tuple[int, ...] | None:
+    """The installed version of a distribution, read once (an ``episode()`` block instruments on entry)."""
     try:
         return parse_version(version(distribution))
     except PackageNotFoundError:

@@ -15,8 +15,8 @@ and tool calls; the offered ``tools`` and ``tool_choice`` go to the observation 
 Where a call lands:
 - inside a LangChain chat-model call that the LangGraph capture is recording: the raw response is
   handed to that call (one action, with exact token data);
-- inside a captured framework task (a LangGraph node, an OpenAI Agents SDK run; integrations
-  register them with ``episode_context.register_task_context``): an action of that task's agent;
+- inside a captured framework task (a LangGraph node, an OpenAI Agents SDK run: an active
+  integration state's ``record_call``, see ``episode_context``): an action of that task's agent;
 - inside ``marft_bridge.episode(...)``: an action whose agent is the model name (= adapter
   name), depending on every earlier action whose output its messages hold: output text, and by
   tool-call id the model call that emitted an assistant turn's tool call and the action a tool

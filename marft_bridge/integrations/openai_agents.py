@@ -4,11 +4,12 @@
 ``trace_processor()`` exactly once, whatever the app did first: it is added unless the list already
 holds it (by identity) or another processor of its type (an app that called
 ``agents.set_trace_processors([trace_processor()])``, as advised for apps that drop the OpenAI
-exporter, gets no second one); ``uninstrument(holder)`` drops the state with the last holder and
-takes out the processor it added. The processor keeps no state (the SDK cannot unregister a
+exporter, gets no second one), checked again on every ``instrument`` (an app that replaced the list
+since gets it back); ``uninstrument(holder)`` drops the state with the last holder and takes out the
+processor it added, unless the app set its own list since. The processor keeps no state (the SDK cannot unregister a
 processor added with ``add_trace_processor``; one left behind does nothing), and each event counts
-once even when an app registered it twice. ``marft_bridge.episode`` / ``capture`` blocks are
-holders while open (when ``agents`` has been imported).
+once even when an app registered it twice. ``marft_bridge.episode`` / ``capture`` blocks
+instrument it for the process (when ``agents`` has been imported).
 
 Tracing must be on for the SDK to report runs: with ``set_tracing_disabled(True)`` or
 ``RunConfig(tracing_disabled=True)`` the first model request of such a run inside an open capture
@@ -77,12 +78,19 @@ class AgentsState(CaptureState):
         self.warned = False
 
     def start(self) -> None:
+        self.ensure_processor()
+
+    def ensure_processor(self) -> None:
+        """Add the processor unless the SDK's list holds it or one of its type (checked on every
+        ``instrument``: an app may have replaced the list since)."""
         processors = _processors()
+        if processors is None and self.added is not None:
+            return  # unreadable list: added once already
         if processors is None or not any(p is _processor() or isinstance(p, type(_processor())) for p in processors):
             import agents
 
             agents.add_trace_processor(_processor())
-            self.added = _processors(raw=True)
+            self.added = _processors(raw=True) or ()
 
     def stop(self) -> None:
         """Take out the processor ``start`` added, unless the app set its own list since."""
@@ -292,6 +300,8 @@ def instrument(holder: Any = None, capture_of_context: Callable[[], Any] | None 
     except ImportError:
         return False
     state = AGENTS.instrument(holder)
+    with guarded("openai_agents.instrument"):
+        state.ensure_processor()
     if capture_of_context is not None:
         state.capture_of_context = capture_of_context
     return True

@@ -29,7 +29,7 @@ Spans -> Episodes
     older ones are dropped and counted.
 
 Actions -> spans (``integrations.otel_emit``, re-exported here)
-    ``SpanEmitter(tracer_provider=None, capture_content=True).install()`` emits every finished
+    ``SpanEmitter(tracer_provider=None, capture_content=True).instrument()`` emits every finished
     episode as GenAI-convention spans (``invoke_workflow marft`` root, one ``chat {model}`` /
     ``execute_tool {agent}`` / ``invoke_agent {agent}`` span per action, with the action's real
     start/end times and span links to its dependencies), so existing tracing backends see them.

@@ -49,11 +49,11 @@ class SpanEmitter:
         self.tracer = trace.get_tracer("marft_bridge", tracer_provider=tracer_provider)
         self.capture_content = capture_content
 
-    def install(self) -> SpanEmitter:
+    def instrument(self) -> SpanEmitter:
         add_episode_listener(self.emit)
         return self
 
-    def uninstall(self) -> None:
+    def uninstrument(self) -> None:
         remove_episode_listener(self.emit)
 
     def emit(self, ep: Episode) -> None:

@@ -4,11 +4,13 @@
 install the hooks that are available and then enter the recording layer:
 
 ``episode(store=None, task=None, source="manual", metadata=None, registry=None)``
-    Instruments the raw-client captures for the block (the ``openai`` client when the package is
-    installed; the OpenAI Agents SDK when ``agents`` is imported: the block is their holder, see
-    ``episode_context.Instrumentor``) and enters ``recording.episode``: every call of those clients
-    inside the block is an action of this episode (see ``integrations.openai``), in a fresh process
-    too.
+    Instruments the raw-client captures (the ``openai`` client when the package is installed; the
+    OpenAI Agents SDK when ``agents`` is imported) and enters ``recording.episode``: every call of
+    those clients inside the block is an action of this episode (see ``integrations.openai``), in a
+    fresh process too. The captures stay instrumented for the process after the block (their hooks
+    record nothing outside an episode or run; re-applying them per block would cost each block tens
+    of microseconds): ``integrations.openai.uninstrument()`` / ``openai_agents.uninstrument()``
+    restore the libraries.
 
 ``capture(store=None, reward_fn=None, source="langgraph", registry=None)``
     ``with capture(...) as c:`` records every top-level run started in the block, one episode per
@@ -43,34 +45,18 @@ def _open_capture() -> capture | None:
     return _OPEN.get()
 
 
-def instrument_clients(holder: Any) -> None:
-    """Instrument the raw-client captures whose packages are present for ``holder`` (never raises
-    into the app)."""
+def instrument_clients() -> None:
+    """Instrument the raw-client captures whose packages are present, for the process (idempotent;
+    never raises into the app)."""
     with guarded("session.install"):
         if "openai" in sys.modules or importlib.util.find_spec("openai") is not None:
             from . import openai as oa
 
-            oa.instrument(holder)
+            oa.instrument()
         if "agents" in sys.modules:
             from . import openai_agents
 
-            openai_agents.instrument(holder, _open_capture)
-
-
-def uninstrument_clients(holder: Any) -> None:
-    with guarded("session.uninstall"):
-        if "openai" in sys.modules:
-            from . import openai as oa
-
-            oa.uninstrument(holder)
-        if "agents" in sys.modules:
-            from . import openai_agents
-
-            openai_agents.uninstrument(holder)
-
-
-class _Block:
-    """The holder an ``episode()`` block instruments the clients for."""
+            openai_agents.instrument(None, _open_capture)
 
 
 @contextmanager
@@ -82,14 +68,10 @@ def episode(
     registry: Any = None,
 ) -> Iterator[recording.EpisodeRecorder]:
     """Group everything captured in the block into one Episode (``recording.episode``), with the
-    raw-client captures instrumented while it is open (see the module docstring)."""
-    block = _Block()
-    instrument_clients(block)
-    try:
-        with recording.episode(store=store, task=task, source=source, metadata=metadata, registry=registry) as rec:
-            yield rec
-    finally:
-        uninstrument_clients(block)
+    raw-client captures instrumented (see the module docstring)."""
+    instrument_clients()
+    with recording.episode(store=store, task=task, source=source, metadata=metadata, registry=registry) as rec:
+        yield rec
 
 
 def _langgraph_capture() -> Any:
@@ -115,7 +97,7 @@ class capture:
         self._token: Any = None
 
     def __enter__(self) -> capture:
-        instrument_clients(self)
+        instrument_clients()
         if self.langgraph is not None:
             self.langgraph.__enter__()
         self._token = _OPEN.set(self)
@@ -125,7 +107,6 @@ class capture:
         _OPEN.reset(self._token)
         if self.langgraph is not None:
             self.langgraph.__exit__(*exc)
-        uninstrument_clients(self)
 
     async def __aenter__(self) -> capture:
         return self.__enter__()
@@ -134,4 +115,4 @@ class capture:
         self.__exit__(*exc)
 
 
-__all__ = ["capture", "episode", "instrument_clients", "uninstrument_clients"]
+__all__ = ["capture", "episode", "instrument_clients"]

@@ -44,8 +44,9 @@ class _ToolRun:
         self.task, self.name, self.args, self.call_id, self.owner, self.deps = task, name, args, call_id, owner, deps
         self.started, self.t0 = utcnow(), time.perf_counter()
         self._id: str | None = None  # reserved when a call inside it needs it before the step is recorded
-        self.extra: dict[str, Any] = {}
-        self.waiting: list[Callable[[bool], None]] = []
+        # Set by a protocol call made inside it (``enrich``): its details, and who waits for the record.
+        self.extra: dict[str, Any] | None = None
+        self.waiting: list[Callable[[bool], None]] | None = None
 
     @property
     def action_id(self) -> str:
@@ -68,12 +69,12 @@ class _ToolRun:
 
     def enrich(self, metadata: dict[str, Any], depends_on: Any, on_recorded: Callable[[bool], None]) -> None:
         with self.task.run.lock:
-            self.extra.update(metadata)
+            self.extra = {**(self.extra or {}), **metadata}
             self.deps = self.deps | frozenset(depends_on)
-            self.waiting.append(on_recorded)
+            self.waiting = [*(self.waiting or ()), on_recorded]
 
     def settle(self, recorded: bool) -> None:
-        waiting, self.waiting = self.waiting, []
+        waiting, self.waiting = self.waiting or [], None
         for fn in waiting:
             with guarded("langgraph.tool_step", self.task.run.recorder):
                 fn(recorded)
@@ -180,7 +181,7 @@ def end(state: Any, run_id: UUID, output: Any = None, error: BaseException | Non
         args_json = convert.arguments_json(tr.args)
         call = {"id": tr.call_id, "type": "function", "function": {"name": tr.name, "arguments": args_json}}
         meta = {"tool.name": tr.name, "tool.arguments": tr.args, "tool_call_id": tr.call_id,
-                "latency_s": time.perf_counter() - tr.t0, **extra, **tr.extra}
+                "latency_s": time.perf_counter() - tr.t0, **extra, **(tr.extra or {})}
         fields = {"observation": {"messages": [{"role": "assistant", "content": None, "tool_calls": [call]}]},
                   "output": {"text": text}, "metadata": meta,
                   "error": f"{type(error).__name__}: {error}" if error is not None else None}
