@@ -11,14 +11,14 @@ import logging
 
 from pydantic import ValidationError
 
-from .engine_types import RequestError, UnknownAdapter
+from .engine_types import QueueFull, RequestError, UnknownAdapter
 
 log = logging.getLogger(__name__)
 
 
 class APIError(Exception):
     """A refusal (or a failure) to answer with ``status`` and an OpenAI error body; ``headers`` are
-    added to the response."""
+    added to the response (``Retry-After`` on a 429, ``Connection: close`` when the body is left unread)."""
 
     def __init__(self, status: int, message: str, type_: str, param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None):
@@ -41,10 +41,18 @@ def log_server_error(rid: str, e: APIError) -> None:
         log.error("request %s: %s", rid, e.message)
 
 
+def client_gone() -> APIError:
+    """The client hung up before its answer: nobody reads this one (nginx's 499), nothing is logged."""
+    return APIError(499, "the client closed the request", "client_closed_request")
+
+
 def engine_error(e: Exception) -> APIError:
     """The answer to an error the engine raised for (or sent to) one request."""
     if isinstance(e, UnknownAdapter):
         return APIError(404, str(e), "NotFoundError", "model", "model_not_found")
+    if isinstance(e, QueueFull):
+        # A decode step takes milliseconds: within a second finished requests have made room.
+        return APIError(429, str(e), "rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
     if isinstance(e, RequestError):
         return APIError(400, str(e), "invalid_request_error", e.param, e.code)
     return APIError(500, f"generation failed: {type(e).__name__}: {e}", "server_error")

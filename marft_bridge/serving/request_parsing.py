@@ -7,9 +7,9 @@ from __future__ import annotations
 import secrets
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
-from .api_errors import APIError, validation_error
+from .api_errors import APIError, client_gone, validation_error
 from .engine_types import GenerationRequest
 from .requests import ChatRequest, CompletionRequest, SamplingBody, template_messages
 
@@ -28,17 +28,35 @@ def check_key(request: Request, api_key: str | None, admin: bool = False) -> Non
         raise APIError(401, "invalid or missing API key", "authentication_error", code="invalid_api_key")
 
 
-async def parse_body(request: Request, model: type[BaseModel], max_bytes: int):
-    """The body validated as ``model``; a body over ``max_bytes`` is a 413."""
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The body, read as it arrives and refused (413) as soon as it passes ``max_bytes``, declared or
+    not (a chunked body has no Content-Length): at most ``max_bytes`` and one chunk are ever held."""
     try:
         declared = int(request.headers.get("content-length") or 0)
     except ValueError:
         raise APIError(400, "content-length is not a number", "invalid_request_error") from None
     if declared > max_bytes:
-        raise APIError(413, f"request body exceeds {max_bytes} bytes", "invalid_request_error")
-    body = await request.body()
-    if len(body) > max_bytes:
-        raise APIError(413, f"request body exceeds {max_bytes} bytes", "invalid_request_error")
+        raise _too_large(max_bytes)
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_bytes:
+                raise _too_large(max_bytes)
+    except ClientDisconnect:
+        raise client_gone() from None
+    return bytes(body)
+
+
+def _too_large(max_bytes: int) -> APIError:
+    # The rest of the body is never read: the connection closes after the answer.
+    return APIError(413, f"request body exceeds {max_bytes} bytes", "invalid_request_error",
+                    headers={"Connection": "close"})
+
+
+async def parse_body(request: Request, model: type[BaseModel], max_bytes: int):
+    """The body validated as ``model``; a body over ``max_bytes`` is a 413."""
+    body = await read_body(request, max_bytes)
     try:
         return model.model_validate_json(body)
     except ValidationError as e:
@@ -93,4 +111,5 @@ def generation_request(engine, body: SamplingBody, prompt_ids: list[int], top_lo
         seed=body.seed,
         stop=stop,
         top_logprobs=top_logprobs,
+        allowed_token_ids=body.allowed_token_ids,
     )

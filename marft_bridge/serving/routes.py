@@ -14,14 +14,14 @@ import uuid
 from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from . import responses
 from .adapter_files import AdapterError
 from .api_errors import APIError
 from .engine import AdapterEngine
 from .engine_types import UnknownAdapter
-from .generation import Generation, sse_stream
+from .generation import Generation
 from .request_parsing import check_key, chat_prompt, completion_prompt, generation_request, parse_body
 from .requests import ChatRequest, CompletionRequest, LoadAdapterRequest, UnloadAdapterRequest
 from .tool_calls import ToolCallStats, parser_for
@@ -39,10 +39,6 @@ class ServerContext:
 
 def _context(request: Request) -> ServerContext:
     return request.app.state.marft
-
-
-def _event_stream(chunks, request: Request) -> StreamingResponse:
-    return StreamingResponse(sse_stream(chunks, request.state.request_id), media_type="text/event-stream")
 
 
 @router.get("/health")
@@ -75,9 +71,9 @@ async def chat(request: Request):
     parser = parser_for(body)
     if body.stream:
         on_parsed = lambda p: ctx.tool_stats.count(body, p)  # noqa: E731
-        return _event_stream(responses.chat_chunks(tok, gen.events(), req, body, cid, created, parser, on_parsed),
-                             request)
-    res = await gen.result()
+        chunks = responses.chat_chunks(tok, gen.events(), req, body, cid, created, parser, on_parsed)
+        return gen.stream(chunks, request.state.request_id)
+    res = await gen.result(request)
     out = responses.chat_completion(tok, cid, created, body, gen.adapter, res, parser)
     if parser is not None:
         ctx.tool_stats.count(body, parser)
@@ -95,8 +91,9 @@ async def completions(request: Request):
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     gen = Generation(ctx.engine, req)
     if body.stream:
-        return _event_stream(responses.completion_chunks(tok, gen.events(), req, body, cid, created), request)
-    res = await gen.result()
+        chunks = responses.completion_chunks(tok, gen.events(), req, body, cid, created)
+        return gen.stream(chunks, request.state.request_id)
+    res = await gen.result(request)
     return responses.completion(tok, cid, created, body, gen.adapter, res)
 
 

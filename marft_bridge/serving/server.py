@@ -38,18 +38,7 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
     app = FastAPI(title="marft serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.marft = ServerContext(engine, api_key, max_request_bytes)
     app.include_router(router)
-
-    @app.middleware("http")
-    async def request_id(request: Request, call_next):
-        rid = f"req-{uuid.uuid4().hex[:16]}"
-        request.state.request_id = rid
-        try:
-            response = await call_next(request)
-        except Exception:  # noqa: BLE001 - any fault in a request answers JSON, never a bare 500
-            log.exception("request %s (%s %s) failed", rid, request.method, request.url.path)
-            response = JSONResponse(error_body(internal_error(rid)), status_code=500)
-        response.headers["x-request-id"] = rid
-        return response
+    app.add_middleware(_RequestIds)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):
@@ -62,3 +51,35 @@ def create_app(engine: AdapterEngine, *, api_key: str | None = None, max_request
         return JSONResponse(error_body(APIError(e.status_code, str(e.detail), type_)), status_code=e.status_code)
 
     return app
+
+
+class _RequestIds:
+    """Gives every request an id (``request.state.request_id`` and the ``x-request-id`` header) and
+    answers an exception no handler caught with a JSON 500 naming it. Plain ASGI rather than
+    ``@app.middleware``: that one hands the endpoints a copy of the body stream, and they must read
+    the body as it arrives and see the client's disconnect themselves."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = f"req-{uuid.uuid4().hex[:16]}"
+        scope.setdefault("state", {})["request_id"] = rid
+        started = False
+
+        async def send_with_id(message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:  # noqa: BLE001 - any fault in a request answers JSON, never a bare 500
+            log.exception("request %s (%s %s) failed", rid, scope.get("method"), scope.get("path"))
+            if not started:  # else the answer is half sent: the server closes the connection
+                await JSONResponse(error_body(internal_error(rid)), status_code=500)(scope, receive, send_with_id)
