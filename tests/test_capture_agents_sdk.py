@@ -119,15 +119,20 @@ def test_runs_outside_capture_record_nothing(srv, sqlite_store):
     assert sqlite_store.count() == 0
 
 
-def test_streamed_run_gives_the_same_episode(srv, sqlite_store):
+def streamed(agent, text: str, store):
+    """``Runner.run_streamed`` inside ``mb.capture``, every event read: (the capture block, the run)."""
     async def main():
-        with mb.capture(store=sqlite_store) as cap:
-            run = Runner.run_streamed(team(srv.url), "weather in Paris, then bill me")
+        with mb.capture(store=store) as cap:
+            run = Runner.run_streamed(agent, text)
             async for _ in run.stream_events():
                 pass
         return cap, run
 
-    cap, run = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_streamed_run_gives_the_same_episode(srv, sqlite_store):
+    cap, run = streamed(team(srv.url), "weather in Paris, then bill me", sqlite_store)
     assert run.final_output == "billed: Paris: 21C"
     assert all(r.get("stream") for r in srv.requests[-3:])
     sqlite_store.flush()

@@ -4,14 +4,13 @@ tool (``agent.as_tool``) in ``run_sync`` and ``run_streamed``. Exact agents, kin
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pytest
 from agents import Agent, OpenAIResponsesModel, Runner, add_trace_processor, set_trace_processors, set_tracing_disabled
 from fake_responses import FakeServer
 from openai import AsyncOpenAI
-from test_capture_agents_sdk import check_episode, team
+from test_capture_agents_sdk import check_episode, streamed, team
 
 import marft_bridge as mb
 from marft_bridge.integrations import openai_agents
@@ -128,14 +127,7 @@ def test_an_agent_as_a_tool_is_linked_through_the_span_tree(srv, sqlite_store):
 
 
 def test_an_agent_as_a_tool_streamed(srv, sqlite_store):
-    async def main():
-        with mb.capture(store=sqlite_store) as cap:
-            run = Runner.run_streamed(lead_team(srv.url), "what is the capital of France?")
-            async for _ in run.stream_events():
-                pass
-        return cap, run
-
-    cap, run = asyncio.run(main())
+    cap, run = streamed(lead_team(srv.url), "what is the capital of France?", sqlite_store)
     assert run.final_output == "lead: helper says capital of France?"
     sqlite_store.flush()
     check_delegation(sqlite_store.get_episode(cap.episode_ids[0]))

@@ -119,7 +119,7 @@ async def _captured(call: Any, target: Any, agent: str | None, name: str, argume
     if tc is not None:
         if input_required(result):  # a 2.x round the caller retries: the last round is the step
             with guarded("mcp.round", rec):
-                tc.step._settle(False)
+                tc.step.settle(False)
             return result
         with guarded("mcp.reply_half", tc.step.recorder):
             _take_reply_half(tc.step, result)

@@ -153,9 +153,9 @@ class CallStep:
         if self.host is not None:
             own = {k: v for k, v in (metadata or {}).items() if k.startswith(("mcp.", "a2a."))}
             try:
-                self.host.enrich(own, extra_deps, self._settle)
+                self.host.enrich(own, extra_deps, self.settle)
             except BaseException:
-                self._settle(False)
+                self.settle(False)
                 raise
             return self.action_id
         t = self.task
@@ -173,9 +173,10 @@ class CallStep:
             recorded = True
             return aid
         finally:
-            self._settle(recorded)
+            self.settle(recorded)
 
-    def _settle(self, recorded: bool) -> None:
+    def settle(self, recorded: bool) -> None:
+        """The step is recorded (its in-process callee halves follow it) or not (they go to the join writer)."""
         calls = _calls()
         with calls.lock:
             self.settled = True
