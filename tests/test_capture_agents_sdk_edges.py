@@ -4,6 +4,7 @@ tool (``agent.as_tool``) in ``run_sync`` and ``run_streamed``. Exact agents, kin
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -131,3 +132,50 @@ def test_an_agent_as_a_tool_streamed(srv, sqlite_store):
     assert run.final_output == "lead: helper says capital of France?"
     sqlite_store.flush()
     check_delegation(sqlite_store.get_episode(cap.episode_ids[0]))
+
+
+# -- an MCP tool inside a function tool ------------------------------------------------------------
+
+
+def test_an_mcp_call_inside_a_function_tool_is_that_tool_step(srv, sqlite_store):
+    """The SDK's function span is the tool step; the MCP call made in its body enriches it, and the
+    server's half joins to it (one step per tool execution)."""
+    import mcp_apps
+    from agents import function_tool
+
+    from marft_bridge.integrations import mcp as mcp_capture
+    from marft_bridge.integrations import propagation as prop
+
+    server = mcp_capture.instrument_server(mcp_apps.build_server(), store=sqlite_store)
+
+    async def main():
+        async with mcp_apps.session(server) as session:
+            mcp_capture.instrument_client(session)
+
+            @function_tool
+            async def lookup(city: str) -> str:
+                """The weather in a city."""
+                out = await session.call_tool("add", {"a": 20, "b": 1})
+                return f"{city}: {mcp_capture.result_text(out)[0]}C"
+
+            client = AsyncOpenAI(base_url=srv.url, api_key="test", max_retries=0)
+            billing = Agent(name="billing", instructions="You bill.", model=OpenAIResponsesModel("billing-model", client))
+            triage = Agent(name="triage", instructions="You route.", tools=[lookup], handoffs=[billing],
+                           model=OpenAIResponsesModel("triage-model", client))
+            with mb.capture(store=sqlite_store) as cap:
+                await Runner.run(triage, "weather in Paris, then bill me")
+            return cap
+
+    cap = asyncio.run(main())
+    sqlite_store.flush()
+    assert prop.flush_joins(sqlite_store, timeout=60)
+    ep = sqlite_store.get_episode(cap.episode_ids[0])
+    assert [(a.agent, a.kind) for a in ep.actions] == [
+        ("triage", "llm"), ("triage", "tool"), ("calc", "tool"), ("triage", "llm"), ("triage", "tool"), ("billing", "llm")]
+    plan = ep.actions[0]
+    step = next(a for a in ep.actions if a.kind == "tool" and a.metadata.get("tool.name") == "lookup")
+    served = next(a for a in ep.actions if a.agent == "calc")
+    assert step.depends_on == [plan.id] and step.output.text == "Paris: 21C"
+    assert (step.metadata["mcp.tool"], step.metadata["mcp.arguments"]) == ("add", {"a": 20, "b": 1})
+    assert served.depends_on == [step.id]
+    assert capture_stats()["errors"] == 0

@@ -115,6 +115,16 @@ class AgentsState(CaptureState):
     def in_task(self) -> bool:
         return self.run() is not None or self._untraced()
 
+    def current_task(self) -> Any:
+        """Inside a function tool's body: its step (an MCP call there is that tool step)."""
+        run = self.run()
+        if run is None:
+            return None
+        from agents import get_current_span
+
+        span = get_current_span()
+        return run.function_step(span.span_id if span is not None else None)
+
     def record_call(self, fields: dict[str, Any], started: datetime | None, kind: str) -> bool:
         """A model request inside a captured run: an action of the enclosing SDK agent."""
         run = self.run()
@@ -201,8 +211,17 @@ class AgentsState(CaptureState):
             text = "" if data.output is None else data.output if isinstance(data.output, str) else str(data.output)
             deps = [call["llm"]] if call is not None else [x for x in [run.rec.last_action_id(agent)] if x]
             deps += run.nested_answer(span.span_id, text)
-            tool_step(run, agent, call, data.name, call["args"] if call else data.input, text, error,
-                      ts(span.started_at), ts(span.ended_at), latency, deps)
+            inner = run.functions.pop(span.span_id, None)  # a protocol call made inside it (MCP)
+            recorded = False
+            try:
+                tool_step(run, agent, call, data.name, call["args"] if call else data.input, text, error,
+                          ts(span.started_at), ts(span.ended_at), latency,
+                          deps + (inner.deps if inner else []), inner.extra if inner else None,
+                          inner.reserved_id if inner else None)
+                recorded = True
+            finally:
+                if inner is not None:
+                    inner.settle(recorded)
         elif data.type == "handoff":
             frm = data.from_agent or run.agent_of(span.parent_id) or "agent"
             call = run.take_call(frm, handoff_tool_name(data.to_agent or ""), None)

@@ -28,6 +28,63 @@ def handoff_tool_name(agent: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", re.sub(r"\s", "_", f"transfer_to_{agent}")).lower()
 
 
+class FunctionStep:
+    """A function span in flight as ``episode_context.ToolStep`` (and, for a protocol call made in
+    it, the ``FrameworkTask`` it runs in): an MCP call inside a function tool is that tool step."""
+
+    def __init__(self, run: Run, span_id: str, agent: str | None) -> None:
+        self.run, self.span_id, self.agent = run, span_id, agent
+        self.step = (run.rec.max_step() if run.rec.max_step() is not None else -1) + 1  # where it will land
+        self.finished = False
+        self._id: str | None = None
+        self.extra: dict[str, Any] = {}
+        self.deps: list[str] = []
+        self.waiting: list[Any] = []
+
+    @property
+    def recorder(self) -> EpisodeRecorder:
+        return self.run.rec
+
+    @property
+    def action_id(self) -> str:
+        if self._id is None:
+            self._id = self.run.rec.new_action_id()
+        return self._id
+
+    @property
+    def reserved_id(self) -> str | None:
+        """The id a call inside it reserved for the step (None: record it under a new one)."""
+        return self._id
+
+    def depends_on(self) -> list[str]:
+        span = self.run.spans[self.span_id][3]
+        call = self.run.call_of(self.span_id, self.agent, span.span_data.name, span.span_data.input)
+        return [call["llm"]] if call is not None else []
+
+    def enrich(self, metadata: dict[str, Any], depends_on: Any, on_recorded: Any) -> None:
+        with self.run.lock:
+            self.extra.update(metadata)
+            self.deps.extend(depends_on)
+            self.waiting.append(on_recorded)
+
+    def settle(self, recorded: bool) -> None:
+        waiting, self.waiting = self.waiting, []
+        for fn in waiting:
+            fn(recorded)
+
+    # as the FrameworkTask a call inside it runs in
+    def tool_step(self) -> FunctionStep:
+        return self
+
+    def tool_owner(self, name: str, arguments: Any) -> None:
+        return None
+
+    def record(self, kind: str, fields: dict[str, Any], depends_on: Any, started: Any = None,
+               agent: str | None = None) -> str:
+        return self.run.rec.record_action(agent or self.agent or "agent", kind=kind, depends_on=list(depends_on),
+                                          started_at=started, **fields)
+
+
 class Run:
     """One captured SDK trace: its recorder, spans seen, tool calls not yet run."""
 
@@ -42,6 +99,7 @@ class Run:
         self.fn_calls: dict[str, dict | None] = {}  # function span -> the tool call it runs (matched once)
         self.under: dict[str, list[str]] = {}  # function span -> model calls recorded inside it
         self.called: set[str] = set()  # agent spans that made a model call
+        self.functions: dict[str, FunctionStep] = {}  # function spans a protocol call was made in
         self.error: str | None = None
 
     # -- spans ---------------------------------------------------------------------------------
@@ -76,6 +134,19 @@ class Run:
 
     def agent_of(self, span_id: str | None) -> str | None:
         return next((name for _, kind, name in self._chain(span_id) if kind == "agent"), None)
+
+    def function_step(self, span_id: str | None) -> FunctionStep | None:
+        """The function span the code at ``span_id`` runs in (its nearest span, not a nested agent's)."""
+        chain = self._chain(span_id)
+        if not chain or chain[0][1] != "function" or chain[0][0] in self.ended:
+            return None
+        sid = chain[0][0]
+        with self.lock:
+            step = self.functions.get(sid)
+            if step is None:
+                step = self.functions[sid] = FunctionStep(self, sid, None)
+        step.agent = self.agent_of(self.spans[sid][2])
+        return step
 
     # -- tool calls ----------------------------------------------------------------------------
 
@@ -166,7 +237,7 @@ class Run:
 
 def tool_step(run: Run, agent: str, call: dict | None, name: str, args: Any, text: str, error: str | None,
               started: datetime | None, ended: datetime | None, latency: float | None, deps: list[str],
-              extra: dict[str, Any] | None = None) -> None:
+              extra: dict[str, Any] | None = None, action_id: str | None = None) -> None:
     call_id = call["id"] if call is not None else None
     args_json = arguments_json(args)
     try:
@@ -178,5 +249,5 @@ def tool_step(run: Run, agent: str, call: dict | None, name: str, args: Any, tex
     aid = run.rec.record_action(
         agent, kind="tool", depends_on=deps, started_at=started, ended_at=ended, error=error,
         observation={"messages": [{"role": "assistant", "content": None, "tool_calls": [tc]}]},
-        output={"text": text}, metadata={k: v for k, v in meta.items() if v is not None})
+        output={"text": text}, metadata={k: v for k, v in meta.items() if v is not None}, action_id=action_id)
     oa.note_tool_step(run.rec, call_id, aid)
