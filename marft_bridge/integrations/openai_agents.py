@@ -38,6 +38,8 @@ What becomes what:
   first model call depends on the call that asked for the tool, and the tool step on the nested
   agent's final answer (the nested actions whose output the tool's result holds, else its last
   model call), in ``run_sync``, ``run`` and ``run_streamed`` alike;
+- an MCP call made in a function tool's body is that tool step (``integrations.mcp``): its
+  ``mcp.*`` details and the server's half join the function span's step;
 - each handoff (handoff span) is the ``transfer_to_<agent>`` tool step it answers, with
   ``metadata["handoff.goto"]`` = the receiving agent; it is recorded when the next model call goes
   out (its result is the tool message that call carries; at the trace's end, the SDK's default
