@@ -14,8 +14,9 @@ one ``kind="tool"`` action (an environment step, not trained): the tool name and
 name where the session knows it), ``mcp.session`` (an id per client session), the result text or
 the error, ``metadata["latency_s"]``. Whose step, on what it depends:
 - the call runs inside a captured tool step (a LangChain tool run: ``langchain-mcp-adapters``, or
-  any tool calling MCP; an OpenAI Agents SDK function tool): it *is* that step: the ``mcp.*`` details enrich it, nothing is recorded
-  twice, and the step stays the agent's whose model call asked for the tool;
+  any tool calling MCP; an OpenAI Agents SDK function tool): it *is* that step: the ``mcp.*``
+  details enrich it, nothing is recorded twice, and the step stays the agent's whose model call
+  asked for the tool;
 - a LangGraph node calls ``call_tool`` for a tool call a model call asked for (matched by name and
   arguments): that model call's agent, depending on that call;
 - elsewhere in a LangGraph node: the node's agent, depending on the node's inputs;
