@@ -24,10 +24,12 @@ import uuid
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
 from .errors import MarftError, RecordError
+from .limits import RecordLimits, default_limits, over_limits
 
 SCHEMA_VERSION = 2
 # Versions older than SCHEMA_VERSION that still load, and what changed since. Each change so far
@@ -36,7 +38,8 @@ SCHEMA_VERSION = 2
 #   1 -> 2: Observation.tools and Observation.tool_choice (what the model was offered).
 UPGRADABLE_VERSIONS = frozenset({1})
 
-# Limits that keep one runaway record from filling the store ("oversized fields").
+# Limits that keep one runaway record from filling the store ("oversized fields"); the depth and
+# size of free-form JSON (task, metadata, tool calls) are RecordLimits (limits.py), checked below.
 MAX_TEXT_CHARS = 2_000_000
 MAX_TOKENS = 262_144
 MAX_NAME_CHARS = 256
@@ -60,6 +63,22 @@ def utcnow() -> datetime:
 
 def _invariant(field: str, reason: str) -> PydanticCustomError:
     return PydanticCustomError("invariant", "{field}: {reason}", {"field": field, "reason": reason})
+
+
+# Validation context of records the store already holds: they were checked against the limits
+# when written (a later, lower limit must not make them unreadable), so reads skip that check.
+STORED = {"limits": None}
+
+
+def _check_limits(info: ValidationInfo, fields: dict[str, Any]) -> None:
+    """Refuse the first free-form field past the limits (the context's, else the defaults)."""
+    ctx = info.context
+    limits = ctx.get("limits", default_limits()) if isinstance(ctx, dict) else default_limits()
+    if limits is None:
+        return
+    for name, value in fields.items():
+        if value is not None and (reason := over_limits(value, limits)):
+            raise _invariant(name, reason)
 
 
 class _Record(BaseModel):
@@ -195,9 +214,15 @@ class Action(_Record):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _default_token_source(self) -> Action:
+    def _default_token_source(self, info: ValidationInfo) -> Action:
         if self.token_source is None and self.kind == "llm":
             self.token_source = "server" if self.output.token_ids is not None else "retokenize"
+        obs = self.observation
+        free = {"metadata": self.metadata or None, "output.tool_calls": self.output.tool_calls,
+                "observation.tools": obs.tools, "observation.tool_choice": obs.tool_choice}
+        free.update((f"observation.messages.{k}.tool_calls", m.tool_calls) for k, m in enumerate(obs.messages)
+                    if m.tool_calls)
+        _check_limits(info, free)
         return self
 
 
@@ -218,6 +243,11 @@ class Reward(_Record):
         if not math.isfinite(v):
             raise ValueError(f"reward is {v}; rewards must be finite")
         return v
+
+    @model_validator(mode="after")
+    def _within_limits(self, info: ValidationInfo) -> Reward:
+        _check_limits(info, {"metadata": self.metadata or None})
+        return self
 
 
 class Episode(_Record):
@@ -249,7 +279,8 @@ class Episode(_Record):
         return v
 
     @model_validator(mode="after")
-    def _check_invariants(self) -> Episode:
+    def _check_invariants(self, info: ValidationInfo) -> Episode:
+        _check_limits(info, {"task": self.task, "metadata": self.metadata or None})
         # Agents: declared ones stay in order; agents first seen in actions are appended.
         known = list(dict.fromkeys(self.agents))
         for a in self.actions:
@@ -405,7 +436,7 @@ def template_tool_call(call: dict[str, Any]) -> dict[str, Any]:
     if isinstance(args, str):
         try:
             decoded = json.loads(args) if args.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # recorded text, not ours to refuse: rendered as it is
             decoded = None
         args = decoded if isinstance(decoded, dict) else args
     elif args is None:
@@ -507,31 +538,43 @@ def record_error(exc: ValidationError, record: str | None) -> RecordError:
     return RecordError(record, field, err["msg"])
 
 
-def episode_data(data: str | bytes | dict, record: str | None = None) -> dict:
-    """Raw episode JSON (text or an already decoded value) as a dict, or RecordError (not validated)."""
+def episode_data(data: str | bytes | dict, record: str | None = None, limits: RecordLimits | None = None) -> dict:
+    """Raw episode JSON (text or an already decoded value) as a dict, or RecordError (not validated).
+
+    Text longer than ``limits.max_record_bytes`` is refused unread."""
     if isinstance(data, (str, bytes)):
+        cap = (limits or default_limits()).max_record_bytes
+        if len(data) > cap:
+            raise RecordError(record, None, f"{len(data):,} bytes of JSON, over the {cap:,}-byte limit of one "
+                              "record (max_record_bytes)")
         try:
             data = json.loads(data)
         except ValueError as e:
             raise RecordError(record, None, f"malformed JSON: {e}") from None
+        except RecursionError:
+            raise RecordError(record, None, "JSON nested too deep to read (far past the max_depth limit of "
+                              f"{(limits or default_limits()).max_depth} levels)") from None
     if not isinstance(data, dict):
         raise RecordError(record, None, f"an episode must be a JSON object, not {type(data).__name__}")
     return data
 
 
-def parse_episode(data: str | bytes | dict, record: str | None = None) -> Episode:
+def parse_episode(data: str | bytes | dict, record: str | None = None, limits: RecordLimits | None = None) -> Episode:
     """Validate raw JSON (text or a decoded dict) into an Episode, or raise RecordError.
 
     ``record`` names the source (for instance ``traces.jsonl line 7``); the episode's own id is
-    added when it can be read, so the message names both.
+    added when it can be read, so the message names both. ``limits``: RecordLimits (default:
+    ``limits.default_limits()``).
     """
-    data = episode_data(data, record)
+    data = episode_data(data, record, limits)
+    eid = data.get("id")
+    name = ", ".join(p for p in (record, f"episode {eid}" if isinstance(eid, str) else None) if p) or None
     try:
-        return Episode.model_validate(data)
+        return Episode.model_validate(data, context={"limits": limits or default_limits()})
     except ValidationError as e:
-        eid = data.get("id")
-        name = ", ".join(p for p in (record, f"episode {eid}" if isinstance(eid, str) else None) if p) or None
         raise record_error(e, name) from None
+    except RecursionError:  # a deep value in a typed field: pydantic's own guard is in Rust, this is not
+        raise RecordError(name, None, "nested too deep to validate (past the max_depth limit)") from None
 
 
 def validate_episode(episode: Episode) -> Episode:
