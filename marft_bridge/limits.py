@@ -69,7 +69,7 @@ class RecordLimits(BaseModel):
     def of(cls, limits: RecordLimits | dict | None) -> RecordLimits:
         """``limits`` as RecordLimits: None -> ``from_env()``; a dict -> those fields over ``from_env()``."""
         if limits is None:
-            return default_limits()
+            return cls.from_env()
         if isinstance(limits, dict):
             return cls.from_env(**limits)
         if isinstance(limits, cls):
@@ -77,9 +77,13 @@ class RecordLimits(BaseModel):
         raise MarftError(f"limits must be RecordLimits or a dict of its fields, not {type(limits).__name__}")
 
 
-@functools.cache
 def default_limits() -> RecordLimits:
-    """The limits validation uses when no store gives its own (read from the environment once)."""
+    """The limits validation uses when no store gives its own: ``from_env()`` for the environment now."""
+    return _limits_for(tuple(os.environ.get(var) for var in ENV.values()))
+
+
+@functools.lru_cache(maxsize=8)
+def _limits_for(_env: tuple) -> RecordLimits:
     return RecordLimits.from_env()
 
 

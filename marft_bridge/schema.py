@@ -73,7 +73,7 @@ STORED = {"limits": None}
 def _check_limits(info: ValidationInfo, fields: dict[str, Any]) -> None:
     """Refuse the first free-form field past the limits (the context's, else the defaults)."""
     ctx = info.context
-    limits = ctx.get("limits", default_limits()) if isinstance(ctx, dict) else default_limits()
+    limits = ctx["limits"] if isinstance(ctx, dict) and "limits" in ctx else default_limits()
     if limits is None:
         return
     for name, value in fields.items():
@@ -536,6 +536,15 @@ def record_error(exc: ValidationError, record: str | None) -> RecordError:
         return RecordError(record, field, ctx["reason"])
     field = ".".join(str(p) for p in err["loc"]) or None
     return RecordError(record, field, err["msg"])
+
+
+def as_record_error(exc: Exception, record: str | None) -> RecordError:
+    """Any failure to build a record as RecordError (a ValidationError's first error, else its type and text)."""
+    if isinstance(exc, RecordError):
+        return exc
+    if isinstance(exc, ValidationError):
+        return record_error(exc, record)
+    return RecordError(record, None, f"{type(exc).__name__}: {exc}")
 
 
 def episode_data(data: str | bytes | dict, record: str | None = None, limits: RecordLimits | None = None) -> dict:

@@ -320,8 +320,9 @@ def _episode_from_rows(label: str, first_row: int, rows: list[dict]) -> tuple[st
         acts = sorted((r for r in rows if r["action_json"] is not None), key=lambda r: r["action_index"])
         episode["actions"] = [json.loads(r["action_json"]) for r in acts]
     except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as e:
+        why = "JSON nested too deep to read (far past the max_depth limit)" if isinstance(e, RecursionError) else e
         raw = json.dumps(rows, default=str, ensure_ascii=False)
-        return name, _Broken(RecordError(name, "action_json/episode_json", f"not episode JSON: {e}"), raw)
+        return name, _Broken(RecordError(name, "action_json/episode_json", f"not episode JSON: {why}"), raw)
     return name, episode
 
 
