@@ -26,15 +26,20 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import to_json
 
 from .errors import MarftError
 
 ENV = {"max_depth": "MARFT_MAX_JSON_DEPTH", "max_field_bytes": "MARFT_MAX_FIELD_BYTES",
        "max_record_bytes": "MARFT_MAX_RECORD_BYTES"}
 _SCALAR_BYTES = 8  # a number, true/false/null or an object that is not JSON: about this much text
+_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"')  # a JSON string (to_json escapes quotes and backslashes)
+_NOT_BRACKET = bytes(sorted(set(range(256)) - set(b"{}[]")))
+_INNERMOST = re.compile(rb"\{\}|\[\]")
 
 
 class RecordLimits(BaseModel):
@@ -77,13 +82,10 @@ class RecordLimits(BaseModel):
         raise MarftError(f"limits must be RecordLimits or a dict of its fields, not {type(limits).__name__}")
 
 
+@functools.cache
 def default_limits() -> RecordLimits:
-    """The limits validation uses when no store gives its own: ``from_env()`` for the environment now."""
-    return _limits_for(tuple(os.environ.get(var) for var in ENV.values()))
-
-
-@functools.lru_cache(maxsize=8)
-def _limits_for(_env: tuple) -> RecordLimits:
+    """The limits validation uses when no store gives its own: ``from_env()`` at first use (a store
+    reads the environment when it is opened)."""
     return RecordLimits.from_env()
 
 
@@ -92,34 +94,69 @@ def over_limits(value: Any, limits: RecordLimits) -> str | None:
 
     The walk is iterative (no recursion: a value nested 100,000 levels deep, or one that contains
     itself, is judged without a RecursionError) and stops at the first level or byte past a limit.
+    It runs for every record written, so the common case is C and Rust: the value's JSON text
+    (pydantic-core) gives its size, and its depth when it holds few containers; else the brackets
+    outside strings are peeled, innermost pairs first, one level a pass. What has no JSON text
+    (objects that are not JSON, a value containing itself, one too deep to serialize) is walked.
     """
-    if value is None or type(value) in (str, int, float, bool):
-        n = len(value) if type(value) is str else 0
-        return _too_big(n, limits) if n > limits.max_field_bytes else None
-    max_depth, cap = limits.max_depth, limits.max_field_bytes
+    cap = limits.max_field_bytes
+    t = type(value)
+    if t is str:
+        n = len(value) if value.isascii() else len(value.encode("utf-8", "replace"))
+        return _too_big(n, limits) if n > cap else None
+    if t is not dict and t is not list and not isinstance(value, (dict, list, tuple)):
+        return None
+    try:
+        text = to_json(value)
+    except Exception:  # noqa: BLE001 - no JSON text: judged by the walk below
+        return _walk(value, limits)
+    if len(text) > cap:
+        return _too_big(len(text), limits)
+    if text.count(b"{") + text.count(b"[") <= limits.max_depth:
+        return None
+    brackets = _STRING.sub(b"", text).translate(None, _NOT_BRACKET)
+    for _ in range(limits.max_depth):
+        brackets = _INNERMOST.sub(b"", brackets)
+        if not brackets:
+            return None
+    return _deeper(limits)
+
+
+def _deeper(limits: RecordLimits) -> str:
+    return f"JSON nested more than {limits.max_depth} levels deep, over the limit (max_depth)"
+
+
+def _walk(value: Any, limits: RecordLimits) -> str | None:
+    """``over_limits`` by walking the containers, with a stack instead of recursion."""
+    cap, max_depth = limits.max_field_bytes, limits.max_depth
     size = 0
     stack: list[tuple[Any, int]] = [(value, 1)]
+    pop, push = stack.pop, stack.append
     while stack:
-        v, depth = stack.pop()
-        if type(v) is dict or isinstance(v, dict):
-            items = v.values()
-            for k in v:
-                size += (len(k) if type(k) is str else _SCALAR_BYTES) + 4  # "key": and the comma
-        elif type(v) in (list, tuple) or isinstance(v, (list, tuple)):
-            items = v
-        else:
-            continue
+        v, depth = pop()
         if depth > max_depth:
-            return f"JSON nested more than {max_depth} levels deep, over the limit (max_depth)"
-        size += 2
-        for x in items:
-            t = type(x)
-            if t is str:
-                size += (len(x) if x.isascii() else len(x.encode("utf-8", "replace"))) + 3
-            elif t is dict or t is list or t is tuple or isinstance(x, (dict, list, tuple)):
-                stack.append((x, depth + 1))
-            else:
-                size += _SCALAR_BYTES
+            return _deeper(limits)
+        if type(v) is dict or isinstance(v, dict):
+            size += 2 + 4 * len(v)  # braces; quotes, colon and comma per key
+            for k, x in v.items():
+                size += len(k) if type(k) is str else _SCALAR_BYTES
+                tx = type(x)
+                if tx is str:
+                    size += len(x) + 2 if x.isascii() else len(x.encode("utf-8", "replace")) + 2
+                elif tx is dict or tx is list or isinstance(x, (dict, list, tuple)):
+                    push((x, depth + 1))
+                else:
+                    size += _SCALAR_BYTES
+        else:
+            size += 2 + len(v)  # brackets and commas
+            for x in v:
+                tx = type(x)
+                if tx is str:
+                    size += len(x) + 2 if x.isascii() else len(x.encode("utf-8", "replace")) + 2
+                elif tx is dict or tx is list or isinstance(x, (dict, list, tuple)):
+                    push((x, depth + 1))
+                else:
+                    size += _SCALAR_BYTES
         if size > cap:
             return _too_big(size, limits)
     return None

@@ -9,17 +9,20 @@ Records are pydantic v2 models: validated when built or parsed, JSON round-trip 
 invariants the store relies on are checked here, so every entry point (store, import, capture)
 refuses the same bad records with the same message.
 
-Two rules every consumer of records shares live here too: how recorded messages enter a chat
-template (``template_message``: tool calls with decoded arguments, tool ids and names), and which
-adapter an action trains (``adapter_name``: the model name that served it, else the agent path's
-registry-safe form).
+Two rules every consumer of records shares are importable here too: how recorded messages enter a
+chat template (``template_message``: tool calls with decoded arguments, tool ids and names), and
+which adapter an action trains (``adapter_name``, from ``adapter_names``: the model name that served
+it, else the agent path's registry-safe form).
+
+The depth and size of free-form JSON (task, metadata, tool calls and tools) are bounded by
+``limits.RecordLimits``: the store's own, passed as validation context (``{"limits": ...}``), else
+the defaults; ``STORED`` skips the check for what the store already holds.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 import uuid
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
@@ -28,7 +31,10 @@ from pydantic import (BaseModel, ConfigDict, Field, StringConstraints, Validatio
                       model_validator)
 from pydantic_core import PydanticCustomError
 
-from .errors import MarftError, RecordError
+# Adapter naming lives in adapter_names.py (it reads no record type); its names stay importable here.
+from .adapter_names import (ADAPTER_NAME, adapter_name, adapters_by_agent, agent_adapter_name,  # noqa: F401
+                            resolve_adapters)
+from .errors import RecordError
 from .limits import RecordLimits, default_limits, over_limits
 
 SCHEMA_VERSION = 2
@@ -70,15 +76,15 @@ def _invariant(field: str, reason: str) -> PydanticCustomError:
 STORED = {"limits": None}
 
 
-def _check_limits(info: ValidationInfo, fields: dict[str, Any]) -> None:
-    """Refuse the first free-form field past the limits (the context's, else the defaults)."""
+def _limits(info: ValidationInfo) -> RecordLimits | None:
+    """The limits a validation checks free-form fields against: the context's, else the defaults."""
     ctx = info.context
-    limits = ctx["limits"] if isinstance(ctx, dict) and "limits" in ctx else default_limits()
-    if limits is None:
-        return
-    for name, value in fields.items():
-        if value is not None and (reason := over_limits(value, limits)):
-            raise _invariant(name, reason)
+    return ctx["limits"] if isinstance(ctx, dict) and "limits" in ctx else default_limits()
+
+
+def _within(limits: RecordLimits, field: str, value: Any) -> None:
+    if value and (reason := over_limits(value, limits)):
+        raise _invariant(field, reason)
 
 
 class _Record(BaseModel):
@@ -217,12 +223,15 @@ class Action(_Record):
     def _default_token_source(self, info: ValidationInfo) -> Action:
         if self.token_source is None and self.kind == "llm":
             self.token_source = "server" if self.output.token_ids is not None else "retokenize"
-        obs = self.observation
-        free = {"metadata": self.metadata or None, "output.tool_calls": self.output.tool_calls,
-                "observation.tools": obs.tools, "observation.tool_choice": obs.tool_choice}
-        free.update((f"observation.messages.{k}.tool_calls", m.tool_calls) for k, m in enumerate(obs.messages)
-                    if m.tool_calls)
-        _check_limits(info, free)
+        if (limits := _limits(info)) is not None:
+            obs = self.observation
+            _within(limits, "metadata", self.metadata)
+            _within(limits, "output.tool_calls", self.output.tool_calls)
+            _within(limits, "observation.tools", obs.tools)
+            _within(limits, "observation.tool_choice", obs.tool_choice)
+            for k, m in enumerate(obs.messages):
+                if m.tool_calls:
+                    _within(limits, f"observation.messages.{k}.tool_calls", m.tool_calls)
         return self
 
 
@@ -246,7 +255,8 @@ class Reward(_Record):
 
     @model_validator(mode="after")
     def _within_limits(self, info: ValidationInfo) -> Reward:
-        _check_limits(info, {"metadata": self.metadata or None})
+        if (limits := _limits(info)) is not None:
+            _within(limits, "metadata", self.metadata)
         return self
 
 
@@ -280,7 +290,9 @@ class Episode(_Record):
 
     @model_validator(mode="after")
     def _check_invariants(self, info: ValidationInfo) -> Episode:
-        _check_limits(info, {"task": self.task, "metadata": self.metadata or None})
+        if (limits := _limits(info)) is not None:
+            _within(limits, "task", self.task)
+            _within(limits, "metadata", self.metadata)
         # Agents: declared ones stay in order; agents first seen in actions are appended.
         known = list(dict.fromkeys(self.agents))
         for a in self.actions:
@@ -457,73 +469,6 @@ def template_message(m: Message) -> dict[str, Any]:
     if m.name is not None:
         out["name"] = m.name
     return out
-
-
-# Adapter names the registry and vLLM accept (serving.registry checks the same pattern, and no "..").
-ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-def agent_adapter_name(agent: str) -> str:
-    """The registry-safe adapter name of an agent (path): ``supervisor/agent`` -> ``supervisor.agent``.
-
-    Path segments are joined with ``.``; characters other than letters, digits, ``_``, ``-`` and
-    ``.`` become ``_``; empty segments and leading punctuation are dropped. A name longer than 64
-    characters keeps its first 55 and a hash of the whole, so distinct agents keep distinct names.
-    """
-    parts = [re.sub(r"[^A-Za-z0-9_.-]", "_", p).strip(".") for p in agent.split("/")]
-    name = re.sub(r"\.{2,}", ".", ".".join(p for p in parts if p)).lstrip("._-") or "agent"
-    if len(name) > 64:
-        import hashlib
-
-        name = name[:55].rstrip(".") + "-" + hashlib.sha256(agent.encode()).hexdigest()[:8]
-    return name
-
-
-def adapter_name(action: Action) -> str:
-    """The adapter an action trains: the one that served it.
-
-    That is ``action.policy.name``, the model name the call sent (an app selects an adapter by model
-    name, vLLM-style), when it is an adapter name (a base model id like ``Qwen/Qwen2.5-0.5B`` is
-    not); else the agent's registry-safe name (``agent_adapter_name``).
-    """
-    name = action.policy.name if action.policy is not None else None
-    if name and ADAPTER_NAME.match(name) and ".." not in name:
-        return name
-    return agent_adapter_name(action.agent)
-
-
-def adapters_by_agent(episodes: list[Episode]) -> dict[str, list[str]]:
-    """Recorded agent -> the adapters its model calls (``llm`` actions) trained, in order of first use."""
-    out: dict[str, list[str]] = {}
-    for ep in episodes:
-        for a in ep.actions:
-            if a.kind == "llm":
-                names = out.setdefault(a.agent, [])
-                if (name := adapter_name(a)) not in names:
-                    names.append(name)
-    return out
-
-
-def resolve_adapters(names: list[str], known: dict[str, list[str]]) -> list[str]:
-    """Adapter names for ``names``, each an adapter or an agent (path) of ``known`` (``adapters_by_agent``).
-
-    An adapter name stays; an agent maps to the adapters its calls used (or its registry-safe name).
-    Anything else raises MarftError listing the known adapters and agents.
-    """
-    adapters = list(dict.fromkeys(n for ns in known.values() for n in ns))
-    out: list[str] = []
-    for name in names:
-        if name in adapters:
-            out.append(name)
-        elif name in known:
-            out += known[name]
-        elif agent_adapter_name(name) in adapters:
-            out.append(agent_adapter_name(name))
-        else:
-            listing = ", ".join(f"{a} ({' '.join(known[a])})" if known[a] != [a] else a for a in known) or "none"
-            raise MarftError(f"unknown agent or adapter {name!r}; the episodes have adapters "
-                             f"{', '.join(adapters) or 'none'} (agent (adapters): {listing})")
-    return list(dict.fromkeys(out))
 
 
 def record_error(exc: ValidationError, record: str | None) -> RecordError:

@@ -90,7 +90,17 @@ def letter_for(store: TraceStore, record_start: str):
 # -- the limits themselves -------------------------------------------------------------------------
 
 
-def test_limits_defaults_environment_and_overrides(monkeypatch, tmp_path):
+@pytest.fixture
+def fresh_defaults():
+    """Validation without a store reads the environment at first use: start and end this test unread."""
+    from marft_bridge.limits import default_limits
+
+    default_limits.cache_clear()
+    yield
+    default_limits.cache_clear()
+
+
+def test_limits_defaults_environment_and_overrides(monkeypatch, tmp_path, fresh_defaults):
     assert RecordLimits() == RecordLimits(max_depth=64, max_field_bytes=2_000_000, max_record_bytes=64 * 2**20)
     monkeypatch.setenv("MARFT_MAX_JSON_DEPTH", "16")
     monkeypatch.setenv("MARFT_MAX_RECORD_BYTES", "1_000_000")
@@ -100,7 +110,7 @@ def test_limits_defaults_environment_and_overrides(monkeypatch, tmp_path):
     with TraceStore.open(tmp_path / "b.db", limits={"max_field_bytes": 4096}) as store:
         assert (store.limits.max_depth, store.limits.max_field_bytes) == (16, 4096)
         with pytest.raises(RecordError, match="metadata: .*over the 4,096-byte limit"):
-            store.add_episode(Episode(id="big", metadata={"blob": "x" * 5000}))
+            store.add_episode({"id": "big", "metadata": {"blob": "x" * 5000}})
         assert store.dead_letters()[0].field == "metadata"
     monkeypatch.setenv("MARFT_MAX_JSON_DEPTH", "500")  # past 128: the parser's own 200 would be reachable
     with pytest.raises(MarftError, match="max_depth .*MARFT_MAX_JSON_DEPTH.*128"):
@@ -108,6 +118,9 @@ def test_limits_defaults_environment_and_overrides(monkeypatch, tmp_path):
     monkeypatch.setenv("MARFT_MAX_JSON_DEPTH", "deep")
     with pytest.raises(MarftError, match="MARFT_MAX_JSON_DEPTH='deep': not a whole number"):
         TraceStore.open(tmp_path / "c.db")
+    monkeypatch.setenv("MARFT_MAX_JSON_DEPTH", "8")  # validation without a store: the defaults, from the environment
+    with pytest.raises(ValueError, match="task: JSON nested more than 8 levels"):
+        Episode(task=nested(9))
 
 
 def test_the_walk_is_iterative_and_exact_at_the_edges():
