@@ -357,3 +357,10 @@ def test_reward_for_unknown_agent_or_action_is_refused():
 def test_unknown_fields_are_refused_not_dropped():
     with pytest.raises(RecordError, match="rewrds"):
         parse_episode({**_raw(), "rewrds": []})
+
+
+def test_a_name_with_a_final_newline_is_not_an_adapter_name():
+    from marft_bridge.schema import ADAPTER_NAME, adapter_name
+
+    assert ADAPTER_NAME.match("planner") and not ADAPTER_NAME.match("planner\n")
+    assert adapter_name(Action(agent="coder", policy=Policy(name="planner\n"))) == "coder"

@@ -456,3 +456,21 @@ def test_a_whole_episode_past_the_record_limit_is_refused_on_write_and_merge(sto
         with pytest.raises(RecordError, match="max_record_bytes"):
             store.add_episode(Episode(id="f", actions=[Action(id=f"c{k}", agent="p", output={"text": "t" * 1000})
                                                        for k in range(250)]))
+
+
+def test_the_continuous_service_passes_over_an_unreadable_episode(tmp_path):
+    from marft_bridge.service import ContinuousService, ServiceConfig
+
+    db = tmp_path / "traces.db"
+    with TraceStore.open(db) as store:
+        for i in range(3):
+            store.add_episode(good_episode(i))
+    spoil(f"sqlite:///{db}", "g1", "deep")  # e.g. a task an older marft_bridge accepted 210 levels deep
+    svc = ContinuousService(ServiceConfig(store=str(db), base_model=str(tmp_path / "base"), agents=["planner"],
+                                          registry=str(tmp_path / "registry"), state_dir=str(tmp_path / "service"),
+                                          heldout_fraction=0.0))
+    try:
+        assert svc.poll() == 2 and sorted(svc.state.pending) == ["g0", "g2"]
+        assert svc.store.stats()["quarantined"] == 1
+    finally:
+        svc.store.close()
