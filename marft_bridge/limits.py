@@ -137,26 +137,20 @@ def _walk(value: Any, limits: RecordLimits) -> str | None:
         if depth > max_depth:
             return _deeper(limits)
         if type(v) is dict or isinstance(v, dict):
-            size += 2 + 4 * len(v)  # braces; quotes, colon and comma per key
-            for k, x in v.items():
-                size += len(k) if type(k) is str else _SCALAR_BYTES
-                tx = type(x)
-                if tx is str:
-                    size += len(x) + 2 if x.isascii() else len(x.encode("utf-8", "replace")) + 2
-                elif tx is dict or tx is list or isinstance(x, (dict, list, tuple)):
-                    push((x, depth + 1))
-                else:
-                    size += _SCALAR_BYTES
+            # braces; per key its text, quotes, colon and comma
+            size += 2 + sum((len(k) if type(k) is str else _SCALAR_BYTES) + 4 for k in v)
+            items = v.values()
         else:
             size += 2 + len(v)  # brackets and commas
-            for x in v:
-                tx = type(x)
-                if tx is str:
-                    size += len(x) + 2 if x.isascii() else len(x.encode("utf-8", "replace")) + 2
-                elif tx is dict or tx is list or isinstance(x, (dict, list, tuple)):
-                    push((x, depth + 1))
-                else:
-                    size += _SCALAR_BYTES
+            items = v
+        for x in items:
+            tx = type(x)
+            if tx is str:
+                size += len(x) + 2 if x.isascii() else len(x.encode("utf-8", "replace")) + 2
+            elif tx is dict or tx is list or isinstance(x, (dict, list, tuple)):
+                push((x, depth + 1))
+            else:
+                size += _SCALAR_BYTES
         if size > cap:
             return _too_big(size, limits)
     return None

@@ -244,7 +244,8 @@ def test_oversized_field_is_refused():
     assert e.value.field == "actions.0.output.text"
 
 
-def _deep(depth: int) -> dict:
+def nested(depth: int) -> dict:
+    """``{"k": {"k": ... {}}}``: ``depth`` levels, built without recursion."""
     root = cur = {}
     for _ in range(depth - 1):
         cur["k"] = {}
@@ -263,7 +264,7 @@ def _deep(depth: int) -> dict:
 @pytest.mark.parametrize("depth", [65, 300, 3000])
 def test_free_form_json_past_the_depth_limit_is_refused_with_its_field(path, field, depth):
     raw = {**_raw(), "rewards": [{"value": 1.0}]}
-    deep = _deep(depth)
+    deep = nested(depth)
     if field.endswith(("tool_calls", "tools")):
         deep = [{"type": "function", "function": {"name": "f", "arguments": deep}}]
     elif field.endswith("tool_choice"):
@@ -281,15 +282,15 @@ def test_free_form_json_past_the_depth_limit_is_refused_with_its_field(path, fie
 
 
 def test_message_tool_calls_and_sizes_past_the_limits_are_refused():
-    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": _deep(100)}}
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": nested(100)}}
     raw = _raw()
     raw["actions"][0]["observation"] = {"messages": [{"role": "user", "content": "hi"},
                                                      {"role": "assistant", "tool_calls": [call]}]}
     with pytest.raises(RecordError) as e:
         parse_episode(raw)
     assert e.value.field == "actions.0.observation.messages.1.tool_calls"
-    at_limit = {**_raw(), "task": _deep(64), "metadata": {"blob": "x" * 1_999_000}}
-    assert parse_episode(at_limit).task == _deep(64)
+    at_limit = {**_raw(), "task": nested(64), "metadata": {"blob": "x" * 1_999_000}}
+    assert parse_episode(at_limit).task == nested(64)
     with pytest.raises(RecordError, match="task: .* over the 2,000,000-byte limit .max_field_bytes."):
         parse_episode({**_raw(), "task": ["x" * 1_000_000, "y" * 1_000_000]})
     with pytest.raises(RecordError, match="over the 4,096-byte limit of one record .max_record_bytes."):

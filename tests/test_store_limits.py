@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 
 import pytest
 import sqlalchemy as sa
+from test_schema import nested
 
 import marft_bridge as mb
 from marft_bridge.cli import main as marft
@@ -25,15 +26,6 @@ from marft_bridge.store import EpisodeNotFound, EpisodeUnreadable, TraceStore
 from marft_bridge.store.rows import MAX_DEAD_LETTER_CHARS
 
 DEPTHS = (300, 3000)
-
-
-def nested(depth: int) -> dict:
-    """``{"k": {"k": ... {}}}``: ``depth`` levels, built without recursion."""
-    root = cur = {}
-    for _ in range(depth - 1):
-        cur["k"] = {}
-        cur = cur["k"]
-    return root
 
 
 def nested_text(depth: int) -> str:
@@ -295,16 +287,19 @@ def spoil(store_url: str, episode_id: str, how: str) -> None:
         engine.dispose()
 
 
-def spoilings(store: TraceStore) -> list[str]:
-    return ["deep", "torn", "invariant"] + ([] if store.is_postgres else ["bytes"])
-
-
-def test_a_store_with_unreadable_rows_still_iterates_exports_and_lists(store, store_url, tmp_path):
-    hows = spoilings(store)
-    for i in range(len(hows) + 2):
+def spoiled_store(store: TraceStore, store_url: str, good: int) -> list[str]:
+    """``good`` readable episodes, then g1.. spoiled one way each (g0 and any after them stay good);
+    returns the ways, in the order of the spoiled ids."""
+    hows = ["deep", "torn", "invariant"] + ([] if store.is_postgres else ["bytes"])
+    for i in range(len(hows) + good):
         store.add_episode(good_episode(i))
     for i, how in enumerate(hows, 1):
         spoil(store_url, f"g{i}", how)
+    return hows
+
+
+def test_a_store_with_unreadable_rows_still_iterates_exports_and_lists(store, store_url, tmp_path):
+    hows = spoiled_store(store, store_url, good=2)
     good = {"g0", f"g{len(hows) + 1}"}
     # The viewer opened on the damaged store lists the rest and says what it set aside.
     from test_ui_api import client_for
@@ -344,11 +339,7 @@ def test_get_episode_of_an_unreadable_row_says_so_and_moves_it(store, store_url)
 
 
 def test_doctor_finds_and_quarantines_unreadable_rows(store, store_url, capsys):
-    hows = spoilings(store)
-    for i in range(len(hows) + 1):
-        store.add_episode(good_episode(i))
-    for i, how in enumerate(hows, 1):
-        spoil(store_url, f"g{i}", how)
+    hows = spoiled_store(store, store_url, good=1)
     assert marft(["traces", "doctor", "--dry-run", "--store", store_url]) == 1
     out = capsys.readouterr().out
     assert f"{len(hows) + 1} episode(s) checked: {len(hows)} unreadable, listed (dry run: nothing moved)" in out
@@ -399,6 +390,15 @@ def test_a_crash_while_moving_a_row_leaves_it_stored_and_no_dead_letter(tmp_path
 # -- bounded import memory ----------------------------------------------------------------------------------
 
 
+def import_peak(store: TraceStore, src) -> tuple[Any, int]:
+    """``store.import_(src)`` and the peak of Python memory it allocated (tracemalloc)."""
+    tracemalloc.start()
+    try:
+        return store.import_(src), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_an_oversized_jsonl_line_is_refused_unread_with_bounded_memory(tmp_path):
     cap = 2**20
     src = tmp_path / "in.jsonl"
@@ -408,12 +408,7 @@ def test_an_oversized_jsonl_line_is_refused_unread_with_bounded_memory(tmp_path)
         f.write('{"id": "deep", "task": %s}\n' % nested_text(3000))
         f.write(good_episode(1).model_dump_json())  # no final newline
     with TraceStore.open(tmp_path / "t.db", limits={"max_record_bytes": cap}) as store:
-        tracemalloc.start()
-        try:
-            report = store.import_(src)
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
+        report, peak = import_peak(store, src)
         assert (report.added, report.refused) == (2, 2)
         assert peak < 8 * 2**20, f"import peaked at {peak / 2**20:.1f} MiB with a 1 MiB record limit"
         huge = letter_for(store, "in.jsonl line 2")
@@ -433,12 +428,7 @@ def test_an_oversized_parquet_episode_is_refused_with_bounded_memory(tmp_path):
         store.add_episode(good_episode(1, eid="z1"))
         store.export(src)
     with TraceStore.open(tmp_path / "t.db", limits={"max_record_bytes": 2**20}) as store:
-        tracemalloc.start()
-        try:
-            report = store.import_(src)
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
+        report, peak = import_peak(store, src)
         assert (report.added, report.refused) == (2, 1)
         assert "episode big: " in report.refusals[0].reason and "max_record_bytes" in report.refusals[0].reason
         assert peak < 8 * 2**20, f"import peaked at {peak / 2**20:.1f} MiB with a 1 MiB record limit"
