@@ -314,6 +314,7 @@ def test_a_store_with_unreadable_rows_still_iterates_exports_and_lists(store, st
     letters = {d.record: d for d in store.dead_letters()}
     assert set(letters) == {f"stored episode g{i}" for i in range(1, len(hows) + 1)}
     assert nested_text(300) in letters["stored episode g1"].raw  # kept whole: nothing is lost
+    assert {len(d.raw) for d in store.dead_letters(raw_chars=50)} == {50}  # a listing need not read them whole
     assert "3 log-probs for 2 token ids" in letters["stored episode g3"].reason
     assert "cannot be read back from the store, moved here" in letters["stored episode g2"].reason
     with pytest.raises(EpisodeNotFound):

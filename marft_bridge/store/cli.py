@@ -362,7 +362,7 @@ def _doctor(args) -> int:
 
 def _dead_letters(args) -> int:
     with _open(args) as store:
-        letters = store.dead_letters(limit=args.limit or None)
+        letters = store.dead_letters(limit=args.limit or None, raw_chars=2000 if args.raw else 0)
     if not letters:
         print("no dead letters")
         return 0

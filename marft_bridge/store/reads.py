@@ -176,9 +176,12 @@ def store_stats(conn: sa.Connection, url: str, dropped: int, skipped: int) -> di
     return out
 
 
-def dead_letter_list(conn: sa.Connection, limit: int | None) -> list[DeadLetter]:
-    """Refused records, newest first."""
-    q = sa.select(t.dead_letters).order_by(t.dead_letters.c.seq.desc())
+def dead_letter_list(conn: sa.Connection, limit: int | None, raw_chars: int | None = None) -> list[DeadLetter]:
+    """Refused records, newest first; ``raw_chars``: only the first that many characters of each raw
+    record are read (a quarantined episode is kept whole, and may be large)."""
+    d = t.dead_letters.c
+    raw = d.raw if raw_chars is None else sa.func.substr(d.raw, 1, raw_chars).label("raw")
+    q = sa.select(d.seq, d.record, d.field, d.reason, raw, d.created_at).order_by(d.seq.desc())
     if limit is not None:
         q = q.limit(limit)
     return [

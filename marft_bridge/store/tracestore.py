@@ -480,11 +480,11 @@ class TraceStore:
         with self._reader.connect() as conn:
             return store_stats(conn, self.url, self.dropped, self._skipped)
 
-    def dead_letters(self, limit: int | None = None) -> list[DeadLetter]:
-        """Refused records, newest first."""
+    def dead_letters(self, limit: int | None = None, raw_chars: int | None = None) -> list[DeadLetter]:
+        """Refused records, newest first; ``raw_chars`` reads only the start of each raw record."""
         self._check_open()
         with self._reader.connect() as conn:
-            return dead_letter_list(conn, limit)
+            return dead_letter_list(conn, limit, raw_chars)
 
     def cursor(self) -> int:
         """The current position of the change log (pass it to ``changed_since`` later)."""

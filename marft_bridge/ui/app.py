@@ -138,7 +138,7 @@ def create_app(store, *, registry: str | Path | None = None, runs: list[str | Pa
     def dead_letters(limit: int = 50):
         if not 1 <= limit <= 200:
             raise MarftError("limit must be 1..200")
-        return {"items": [d.model_dump(mode="json") | {"raw": (d.raw or "")[:2000]} for d in store.dead_letters(limit)]}
+        return {"items": [d.model_dump(mode="json") for d in store.dead_letters(limit, raw_chars=2000)]}
 
     @app.get("/api/episodes/{episode_id}")
     def episode(episode_id: str):
