@@ -122,6 +122,28 @@ def over_limits(value: Any, limits: RecordLimits) -> str | None:
     return _deeper(limits)
 
 
+def first_over_limits(fields: list[tuple[str, Any]], limits: RecordLimits) -> tuple[str, str] | None:
+    """(field, reason) of the first of ``fields`` (name, value) past ``limits``, or None.
+
+    The fields of one record are judged together first (one JSON text: within the limits as a
+    whole is within them one by one); only when that is not clear is each judged on its own.
+    """
+    values = [v for _, v in fields if v]
+    if not values:
+        return None
+    try:
+        text = to_json(values)
+    except Exception:  # noqa: BLE001 - no JSON text: each is judged on its own below
+        text = None
+    if text is not None and len(text) <= limits.max_field_bytes and \
+            text.count(b"{") + text.count(b"[") - 1 <= limits.max_depth:  # - 1: the list around them
+        return None
+    for name, value in fields:
+        if value and (reason := over_limits(value, limits)):
+            return name, reason
+    return None
+
+
 def _deeper(limits: RecordLimits) -> str:
     return f"JSON nested more than {limits.max_depth} levels deep, over the limit (max_depth)"
 

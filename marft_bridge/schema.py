@@ -35,7 +35,7 @@ from pydantic_core import PydanticCustomError
 from .adapter_names import (ADAPTER_NAME, adapter_name, adapters_by_agent, agent_adapter_name,  # noqa: F401
                             resolve_adapters)
 from .errors import RecordError
-from .limits import RecordLimits, default_limits, over_limits
+from .limits import RecordLimits, default_limits, first_over_limits
 
 SCHEMA_VERSION = 2
 # Versions older than SCHEMA_VERSION that still load, and what changed since. Each change so far
@@ -82,9 +82,9 @@ def _limits(info: ValidationInfo) -> RecordLimits | None:
     return ctx["limits"] if isinstance(ctx, dict) and "limits" in ctx else default_limits()
 
 
-def _within(limits: RecordLimits, field: str, value: Any) -> None:
-    if value and (reason := over_limits(value, limits)):
-        raise _invariant(field, reason)
+def _within(limits: RecordLimits, fields: list[tuple[str, Any]]) -> None:
+    if found := first_over_limits(fields, limits):
+        raise _invariant(*found)
 
 
 class _Record(BaseModel):
@@ -225,13 +225,10 @@ class Action(_Record):
             self.token_source = "server" if self.output.token_ids is not None else "retokenize"
         if (limits := _limits(info)) is not None:
             obs = self.observation
-            _within(limits, "metadata", self.metadata)
-            _within(limits, "output.tool_calls", self.output.tool_calls)
-            _within(limits, "observation.tools", obs.tools)
-            _within(limits, "observation.tool_choice", obs.tool_choice)
-            for k, m in enumerate(obs.messages):
-                if m.tool_calls:
-                    _within(limits, f"observation.messages.{k}.tool_calls", m.tool_calls)
+            _within(limits, [("metadata", self.metadata), ("output.tool_calls", self.output.tool_calls),
+                             ("observation.tools", obs.tools), ("observation.tool_choice", obs.tool_choice),
+                             *((f"observation.messages.{k}.tool_calls", m.tool_calls)
+                               for k, m in enumerate(obs.messages) if m.tool_calls)])
         return self
 
 
@@ -256,7 +253,7 @@ class Reward(_Record):
     @model_validator(mode="after")
     def _within_limits(self, info: ValidationInfo) -> Reward:
         if (limits := _limits(info)) is not None:
-            _within(limits, "metadata", self.metadata)
+            _within(limits, [("metadata", self.metadata)])
         return self
 
 
@@ -291,8 +288,7 @@ class Episode(_Record):
     @model_validator(mode="after")
     def _check_invariants(self, info: ValidationInfo) -> Episode:
         if (limits := _limits(info)) is not None:
-            _within(limits, "task", self.task)
-            _within(limits, "metadata", self.metadata)
+            _within(limits, [("task", self.task), ("metadata", self.metadata)])
         # Agents: declared ones stay in order; agents first seen in actions are appended.
         known = list(dict.fromkeys(self.agents))
         for a in self.actions:
