@@ -20,7 +20,7 @@ from test_schema import nested
 import marft_bridge as mb
 from marft_bridge.cli import main as marft
 from marft_bridge.errors import MarftError, RecordError
-from marft_bridge.limits import RecordLimits, over_limits
+from marft_bridge.limits import RecordLimits, first_over_limits, over_limits
 from marft_bridge.schema import Action, Episode, Reward
 from marft_bridge.store import EpisodeNotFound, EpisodeUnreadable, TraceStore
 from marft_bridge.store.rows import MAX_DEAD_LETTER_CHARS
@@ -126,6 +126,11 @@ def test_the_walk_is_iterative_and_exact_at_the_edges():
     assert over_limits([["x" * 4000], {"y": "z" * 4000}], limits) is None
     assert "over the 10,000-byte limit" in over_limits({"y": "é" * 6000}, limits)  # UTF-8 bytes, not characters
     assert over_limits("x" * 10_000, limits) is None and over_limits("x" * 10_001, limits)
+    # The fields of one record are judged together first, then one by one: each is held to its own limit.
+    two = [("a", {"x": "y" * 6000}), ("b", {"x": "z" * 6000})]
+    assert first_over_limits(two, limits) is None  # 12,000 bytes together, 6,000 each
+    assert first_over_limits([("a", nested(64)), ("b", nested(64))], limits) is None
+    assert first_over_limits([("a", {"x": 1}), ("b", nested(65)), ("c", nested(99))], limits)[0] == "b"
 
 
 # -- every entry refuses a deep record, the rest goes on ---------------------------------------------
