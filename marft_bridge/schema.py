@@ -220,9 +220,13 @@ class Action(_Record):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _default_token_source(self, info: ValidationInfo) -> Action:
+    def _default_token_source(self) -> Action:
         if self.token_source is None and self.kind == "llm":
             self.token_source = "server" if self.output.token_ids is not None else "retokenize"
+        return self
+
+    @model_validator(mode="after")
+    def _within_limits(self, info: ValidationInfo) -> Action:
         if (limits := _limits(info)) is not None:
             obs = self.observation
             _within(limits, [("metadata", self.metadata), ("output.tool_calls", self.output.tool_calls),
@@ -286,9 +290,13 @@ class Episode(_Record):
         return v
 
     @model_validator(mode="after")
-    def _check_invariants(self, info: ValidationInfo) -> Episode:
+    def _within_limits(self, info: ValidationInfo) -> Episode:
         if (limits := _limits(info)) is not None:
             _within(limits, [("task", self.task), ("metadata", self.metadata)])
+        return self
+
+    @model_validator(mode="after")
+    def _check_invariants(self) -> Episode:
         # Agents: declared ones stay in order; agents first seen in actions are appended.
         known = list(dict.fromkeys(self.agents))
         for a in self.actions:
