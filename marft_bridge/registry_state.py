@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 STATE_FILE = "state.json"
-AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# ``\Z``, not ``$``: ``$`` also matches before a final newline, and "planner\n" is not "planner".
+AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
 
 def state_path(root: str | os.PathLike, agent: str) -> Path | None:

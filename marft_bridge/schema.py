@@ -429,7 +429,7 @@ def template_message(m: Message) -> dict[str, Any]:
 
 
 # Adapter names the registry and vLLM accept (serving.registry checks the same pattern, and no "..").
-ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: "$" matches before a final newline
 
 
 def agent_adapter_name(agent: str) -> str:

@@ -175,6 +175,14 @@ def test_bad_adapters_refused_old_keeps_serving(server, setup, tiny_model_dir):
     cfg = json.loads((mismatched / "adapter_config.json").read_text())
     (mismatched / "adapter_config.json").write_text(json.dumps({**cfg, "r": 2}))
     (reg.root / "planner" / "v93").symlink_to(tmp / "p0")  # inside the root, pointing out of it
+    linked = _fake_version(reg, good, 94)  # a weights file inside the version, linked out of the registry
+    (linked / "adapter_model.safetensors").unlink()
+    (linked / "adapter_model.safetensors").symlink_to(tmp / "p0" / "adapter_model.safetensors")
+    tampered = _fake_version(reg, good, 95)  # valid weights of the same shape, but not those published
+    other = tmp / f"p{current % 6}"  # another version's source (p{k} became v{k + 1})
+    shutil.copyfile(other / "adapter_model.safetensors", tampered / "adapter_model.safetensors")
+    no_manifest = _fake_version(reg, good, 96)
+    (no_manifest / "manifest.json").write_text("{not json")
 
     cases = {
         str(pickled): "only safetensors",
@@ -186,12 +194,23 @@ def test_bad_adapters_refused_old_keeps_serving(server, setup, tiny_model_dir):
         str(tmp / "p0"): "outside the registry",
         str(reg.root / "planner" / "v93"): "outside the registry",
         str(reg.root / "planner" / "v99"): "does not exist",
+        str(linked): "links to .* outside the registry",
+        str(tampered): "does not match the sha256 in its manifest.json",
+        str(no_manifest): "not a readable manifest",
+        str(good) + "\x00/evil": "does not exist",  # a NUL byte: the path cannot even be looked up
     }
     publisher = EmbeddedServerPublisher(server.url, KEY)
     for path, message in cases.items():
         with pytest.raises(AdapterError, match=message):
             publisher.load("planner", path)
         assert _planner_output(server) == before, path
+    # A name that only looks like the agent's ("planner" and a newline) is refused, not served beside it.
+    with pytest.raises(AdapterError, match="invalid agent name"):
+        publisher.load("planner\n", good)
+    r = httpx.post(server.base_url + "/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                   json={"model": "planner\n", "messages": MESSAGES, "max_tokens": 2})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert _planner_output(server) == before
     # Through the registry: a refused promotion leaves the current version as it was.
     with pytest.raises(AdapterError, match="fingerprint"):
         reg.promote("planner", wrong_base_fp, publisher=publisher)

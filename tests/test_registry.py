@@ -81,6 +81,48 @@ def test_resolve_refuses_paths_outside_the_root(tmp_path, adapter_dir):
         reg.resolve(reg.root / "planner")
 
 
+def test_names_must_match_whole(tmp_path, adapter_dir):
+    from marft_bridge.registry_state import state_path
+    from marft_bridge.serving.registry import VERSION_DIR, check_agent_name
+
+    reg = AdapterRegistry(tmp_path / "reg")
+    for bad in ("planner\n", "planner\r\n", "planner\x00", "plan ner", ".hidden", "a" * 65, "a/b", "a..b"):
+        with pytest.raises(AdapterError, match="invalid agent name"):
+            reg.publish(bad, adapter_dir)
+        with pytest.raises(AdapterError, match="invalid agent name"):
+            check_agent_name(bad)
+        assert state_path(reg.root, bad) is None
+    assert list(reg.root.iterdir()) == []  # "publish('evil\n')" made no directory
+    assert VERSION_DIR.match("v1\n") is None and VERSION_DIR.match("v1")
+    reg.publish("planner", adapter_dir)
+    (reg.root / "planner" / "v2\n").mkdir()  # not a version: a newline after the number
+    assert reg.versions("planner") == [1]
+    with pytest.raises(AdapterError, match="not a version directory"):
+        reg.resolve(reg.root / "planner" / "v2\n")
+
+
+def test_resolve_refuses_links_out_nul_bytes_and_tampered_weights(tmp_path, adapter_dir):
+    reg = AdapterRegistry(tmp_path / "reg")
+    v1, v2 = reg.publish("planner", adapter_dir), reg.publish("planner", adapter_dir)
+    with pytest.raises(AdapterError, match="does not exist"):
+        reg.resolve(str(reg.path("planner", v1)) + "\x00")
+    weights = reg.path("planner", v2) / "adapter_model.safetensors"
+    weights.unlink()
+    weights.symlink_to(adapter_dir / "adapter_model.safetensors")  # the same bytes, outside the registry
+    with pytest.raises(AdapterError, match="links to .* outside the registry"):
+        reg.resolve(reg.path("planner", v2))
+    weights.unlink()
+    weights.symlink_to(reg.path("planner", v1) / "adapter_model.safetensors")  # inside it: allowed
+    assert reg.resolve(reg.path("planner", v2)) == ("planner", v2)
+    (reg.path("planner", v2) / "dangling").symlink_to(tmp_path / "gone")
+    with pytest.raises(AdapterError, match="cannot be read"):
+        reg.resolve(reg.path("planner", v2))
+    data = (reg.path("planner", v1) / "adapter_model.safetensors").read_bytes()
+    reg.check_weights(reg.path("planner", v1), data)
+    with pytest.raises(AdapterError, match="does not match the sha256"):
+        reg.check_weights(reg.path("planner", v1), data[:-1] + bytes([data[-1] ^ 1]))
+
+
 def _copy(src, dst):
     shutil.copytree(src, dst)
     return dst

@@ -97,6 +97,34 @@ def test_processed_logprobs_under_temperature_and_top_k(client, direct):
     assert all(lp[i].topk(5).indices.tolist().count(t) == 1 for i, t in enumerate(tokens))  # sampled inside top-k
 
 
+def test_allowed_token_ids_mask_sampling_and_logprobs_as_vllm_does(client, direct):
+    ref = direct["planner"]
+    allowed = ref.tokenizer.convert_tokens_to_ids(list("aeiou "))
+    kw = dict(model="planner", messages=MESSAGES, max_tokens=16, temperature=0.8, seed=9, logprobs=True, top_logprobs=2)
+    extra = {"return_token_ids": True, "allowed_token_ids": allowed, "top_k": 3}
+    r = client.chat.completions.create(**kw, extra_body=extra).model_dump()
+    tokens, content = r["choices"][0]["token_ids"], r["choices"][0]["logprobs"]["content"]
+    assert len(tokens) == 16 and set(tokens) <= set(allowed)
+    # The direct forward masked to the set first, then temperature and top-k: vLLM's order.
+    lp = ref.logprobs(r["prompt_token_ids"], tokens, temperature=0.8)  # log-softmax(logits / T)
+    outside = torch.ones(lp.shape[-1], dtype=torch.bool)
+    outside[allowed] = False
+    masked = lp.masked_fill(outside, float("-inf")).log_softmax(-1)
+    kth = masked.topk(3).values[:, -1:]
+    dist = masked.masked_fill(masked < kth, float("-inf")).log_softmax(-1)
+    want = dist[torch.arange(16), torch.tensor(tokens)]
+    got = torch.tensor([c["logprob"] for c in content])
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+    for pos, entry in enumerate(content):  # the top log-probs are the masked distribution's too
+        top_ids = [ref.tokenizer.convert_tokens_to_ids(t["token"]) for t in entry["top_logprobs"]]
+        assert top_ids == dist[pos].topk(2).indices.tolist() and set(top_ids) <= set(allowed)
+    streamed = client.chat.completions.create(**kw, stream=True, extra_body=extra)
+    assert [t for c in streamed for t in c.model_dump()["choices"][0].get("token_ids", [])] == tokens
+    done = client.completions.create(model="planner", prompt="add", max_tokens=8, temperature=1.0, seed=3,
+                                     extra_body={"return_token_ids": True, "allowed_token_ids": allowed[:2]})
+    assert set(done.model_dump()["choices"][0]["token_ids"]) <= set(allowed[:2])
+
+
 def test_seed_makes_sampling_reproducible_and_streaming_matches(client):
     kw = dict(model="coder", messages=MESSAGES, max_tokens=16, temperature=1.0, seed=42)
     a = client.chat.completions.create(**kw).choices[0].message.content
@@ -206,6 +234,13 @@ def test_processed_logprobs_function():
     assert torch.allclose(lp[1, [1, 3]], want1) and torch.isinf(lp[1, [0, 2]]).all()
     greedy = processed_logprobs(logits, torch.tensor([0.0, 0.0]), torch.tensor([1, 1]), torch.tensor([0.1, 0.1]))
     assert torch.allclose(greedy, logits.log_softmax(-1))  # temperature 0 reports the raw distribution
+    # allowed_token_ids masks first: row 0 keeps tokens 1 and 3, then T=0.5 and top-k 1 apply to those.
+    allowed = torch.tensor([[False, True, False, True], [True] * 4])
+    lp = processed_logprobs(logits, torch.tensor([1.0, 0.5]), torch.tensor([0, 1]), torch.tensor([1.0, 1.0]), allowed)
+    assert torch.allclose(lp[0, [1, 3]], torch.tensor([1.0, -1.0]).log_softmax(-1)) and torch.isinf(lp[0, [0, 2]]).all()
+    assert lp[1, 1] == 0 and torch.isinf(lp[1, [0, 2, 3]]).all()  # unmasked row: top-1 of all four
+    greedy = processed_logprobs(logits[:1], torch.tensor([0.0]), torch.tensor([0]), torch.tensor([1.0]), allowed[:1])
+    assert int(greedy.argmax()) == 1  # the best allowed token, not the best token (0)
 
 
 def test_engine_batches_across_adapters(tiny_model_dir, registry):

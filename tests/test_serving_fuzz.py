@@ -64,6 +64,7 @@ sampling = {
     "presence_penalty": good_or_junk(st.floats(-3, 3, allow_nan=False)),
     "return_token_ids": good_or_junk(st.booleans()),
     "stream_options": good_or_junk(st.fixed_dictionaries({"include_usage": st.booleans()})),
+    "allowed_token_ids": good_or_junk(st.lists(st.integers(-5, 200), max_size=4)),
     text.filter(lambda k: k not in {"model", "messages", "prompt"}): junk,  # unknown top-level fields
 }
 chat_fields = st.fixed_dictionaries(

@@ -70,6 +70,8 @@ def test_bad_messages_are_refused_naming_the_field(server, messages, param, text
     ("top_k", -2), ("top_k", 2**40), ("presence_penalty", 3), ("frequency_penalty", -2.5), ("presence_penalty", 0.5),
     ("repetition_penalty", 0), ("stop", 5), ("stop", ["x"] * 17), ("stream", "yes"), ("logprobs", 1),
     ("model", ""), ("model", 5), ("stream_options", {"include_usage": "yes"}),
+    ("allowed_token_ids", []), ("allowed_token_ids", [True]), ("allowed_token_ids", ["a"]), ("allowed_token_ids", [-1]),
+    ("allowed_token_ids", 5), ("allowed_token_ids", [10**6]), ("allowed_token_ids", [5] * 200),
 ])
 def test_chat_numeric_and_typed_fields_are_bounded(server, field, value):
     err = error_of(post(server, "/chat/completions", chat(**{field: value})))

@@ -19,6 +19,7 @@ _EXPORTS = {
     "GenerationResult": ".engine_types",
     "UnknownAdapter": ".engine_types",
     "RequestError": ".engine_types",
+    "QueueFull": ".engine_types",
     "WorkerFault": ".engine_types",
     "HermesParser": ".tool_calls",
     "create_app": ".server",

@@ -46,21 +46,13 @@ class AdapterSlots:
 
     def load(self, name: str, path: str, version: int | None, load_inplace: bool, config: Any,
              weights: dict) -> int | None:
-        from peft import PeftModel
-
         if name in self.routes and not load_inplace:
             raise AdapterError(f"adapter {name!r} is already loaded; pass load_inplace=true to replace it")
         internal = self._fill_spare(name, config, weights)
         if internal is None:
             internal = f"{name}#{next(self._counter)}"
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", FutureWarning)  # transformers deprecation noise from inside peft
-                    if self.peft is None:
-                        self.peft = PeftModel.from_pretrained(self.base, path, adapter_name=internal, is_trainable=False)
-                        self.peft.eval()
-                    else:
-                        self.peft.load_adapter(path, adapter_name=internal, is_trainable=False)
+                self._new_slot(internal, config, weights)
             except Exception as e:  # peft's own errors: report them as a refusal, keep serving the old one
                 self._retire(internal)
                 raise AdapterError(f"{path}: peft could not load the adapter ({type(e).__name__}: {e})") from None
@@ -71,6 +63,21 @@ class AdapterSlots:
         if old is not None:
             self._retire(old.internal, spare=True)
         return version
+
+    def _new_slot(self, internal: str, config: Any, weights: dict) -> None:
+        """A new peft adapter slot holding ``weights`` (what ``PeftModel.load_adapter`` does, from the
+        weights the engine read and checked rather than from the file again)."""
+        from peft import PeftModel, set_peft_model_state_dict
+
+        config.inference_mode = True  # frozen, as load_adapter(is_trainable=False) makes it
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # transformers deprecation noise from inside peft
+            if self.peft is None:
+                self.peft = PeftModel(self.base, config, adapter_name=internal)
+            else:
+                self.peft.add_adapter(internal, config)
+            set_peft_model_state_dict(self.peft, weights, adapter_name=internal)
+        self.peft.eval()
 
     def _fill_spare(self, name: str, config: Any, weights: dict) -> str | None:
         """Copy ``weights`` into ``name``'s spare slot when its LoRA shape matches; the slot, or None."""

@@ -7,12 +7,18 @@ the streaming hold-back.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
+from .adapter_slots import Slot
+from .engine_types import GenerationRequest
+
 
 class Batch:
     """The running batch: rows, their KV cache (left-padded to one length), attention mask,
     next position ids and the sampled tokens not yet fed to the model."""
 
-    def __init__(self, rows: list, cache, attn, pos, last):  # rows: the engine's (request, slot, RowState, ...)
+    def __init__(self, rows: list[Row], cache, attn, pos, last):
         self.rows, self.cache, self.attn, self.pos, self.last = rows, cache, attn, pos, last
 
     def merge(self, other: Batch) -> Batch:
@@ -51,6 +57,17 @@ def pad_left(t, width: int, dim: int):
         return t
     pad = [0, 0] * (t.dim() - dim - 1) + [missing, 0]
     return F.pad(t, pad)
+
+
+@dataclass
+class Row:
+    """One request in the batch."""
+
+    req: GenerationRequest
+    slot: Slot | None  # bound when the request joins the batch; never changes afterwards
+    state: RowState
+    gen: Any  # torch.Generator: the request's own, so batch-mates never change what it samples
+    allowed: Any = None  # LongTensor of the token ids it may sample (allowed_token_ids), or None for all
 
 
 class RowState:

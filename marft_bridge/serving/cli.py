@@ -15,7 +15,9 @@ import logging
 import os
 import sys
 
+from .. import http_limits
 from ..errors import MarftError
+from .engine_types import DEFAULT_MAX_QUEUED
 
 DEFAULT_REGISTRY = os.environ.get("MARFT_REGISTRY", ".marft/adapters")
 
@@ -27,7 +29,9 @@ def add_commands(sub) -> None:
         description="OpenAI-compatible server (chat/completions, streaming, log-probs, token ids) on a "
         "transformers base model; request `model` = agent adapter name. Serves the current version of "
         "every agent in the registry and hot-swaps new ones via POST /v1/load_lora_adapter (needs the "
-        "API key). Every response names the adapter version that produced it.",
+        "API key). Every response names the adapter version that produced it. A request whose client "
+        "disconnects stops generating at the next decode step; past --max-queued waiting requests the server "
+        "answers 429 with Retry-After; bodies, headers and idle connections are bounded (see the limits below).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     serve.add_argument("--base-model", required=True, help="local transformers model directory")
@@ -40,9 +44,13 @@ def add_commands(sub) -> None:
     serve.add_argument("--max-batch-size", type=int, default=16, help="requests generated together")
     serve.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long to gather a batch")
     serve.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens a request may ask")
-    serve.add_argument("--max-request-bytes", type=int, default=1 << 20, help="largest request body")
+    serve.add_argument("--max-request-bytes", type=int, default=1 << 20,
+                       help="largest request body (413 past it, also for a chunked body: it is never read whole)")
+    serve.add_argument("--max-queued", type=http_limits.positive(int), default=DEFAULT_MAX_QUEUED,
+                       help="requests waiting for a batch slot at most; past it a request gets 429 with Retry-After")
     serve.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    http_limits.add_flags(serve, limit_concurrency=512)
     serve.set_defaults(func=_serve)
 
     ad = sub.add_parser("adapters", help="versioned per-agent adapter registry",
@@ -106,7 +114,6 @@ def add_commands(sub) -> None:
 
 def _serve(args) -> int:
     import torch
-    import uvicorn
 
     from .engine import AdapterEngine
     from .registry import AdapterRegistry
@@ -130,6 +137,7 @@ def _serve(args) -> int:
         max_batch_size=args.max_batch_size,
         batch_wait_s=args.batch_wait_ms / 1000,
         max_tokens_limit=args.max_tokens_limit,
+        max_queued=args.max_queued,
         dtype=args.dtype,
     )
     for agent, outcome in engine.load_current().items():
@@ -137,7 +145,7 @@ def _serve(args) -> int:
     app = create_app(engine, api_key=api_key, max_request_bytes=args.max_request_bytes)
     print(f"marft serve: {engine.base_name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        http_limits.run(app, args)
     finally:
         engine.close()
     return 0

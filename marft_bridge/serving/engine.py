@@ -14,6 +14,10 @@ with the same LoRA shape copies its weights into the spare instead of building n
 decoding pauses for a weight copy rather than a full peft load (``benchmarks/hotswap.py`` times
 both). Other replaced slots are deleted.
 
+A request whose client has gone is cancelled (``cancel``): it leaves the queue, or the running batch
+before the next decode step, so its slot is free for the next request. The queue of waiting requests
+is bounded (``max_queued``); ``submit`` refuses past it with ``QueueFull``.
+
 Faults stay with the request that caused them: a request whose setup, prefill, sampling or
 detokenising fails gets its error and leaves; the other rows go on untouched (each samples with its
 own generator). A fault in the loop itself (a decode step, a merge) fails the requests in flight and
@@ -28,16 +32,15 @@ import random
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import MarftError
 from .adapter_files import WEIGHTS_FILE, AdapterError, base_fingerprint, check_against_base, inspect_adapter
 from .adapter_slots import AdapterSlots, Slot
-from .batching import Batch, RowState
-from .engine_types import (MAX_SEED, GenerationRequest, GenerationResult, RequestError, TokenEvent, UnknownAdapter,
-                           WorkerFault)
+from .batching import Batch, Row, RowState
+from .engine_types import (DEFAULT_MAX_QUEUED, MAX_SEED, GenerationRequest, GenerationResult, QueueFull, RequestError,
+                           TokenEvent, UnknownAdapter, WorkerFault)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,7 @@ class AdapterEngine:
         max_batch_size: int = 16,
         batch_wait_s: float = 0.005,
         max_tokens_limit: int = 1024,
+        max_queued: int = DEFAULT_MAX_QUEUED,
         dtype: str = "float32",
     ):
         import torch
@@ -73,6 +77,7 @@ class AdapterEngine:
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self.max_tokens_limit = max_tokens_limit
+        self.max_queued = max_queued
         self.tokenizer = AutoTokenizer.from_pretrained(self.base_path)
         model = AutoModelForCausalLM.from_pretrained(self.base_path, dtype=getattr(torch, dtype))
         self._base = model.eval()
@@ -87,11 +92,14 @@ class AdapterEngine:
         self._pending: list[GenerationRequest] = []  # gathered, not yet admitted (failed too if the worker faults)
         self._last_fault: dict | None = None
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
-        self._queue: queue.Queue = queue.Queue()  # requests (and wake-ups)
+        self._n_tokens = min(self.vocab_size, len(self.tokenizer))  # ids both the model and the tokenizer know
+        self._queue: queue.Queue = queue.Queue()  # requests (and wake-ups); bounded by ``_waiting``
+        self._waiting: set[int] = set()  # ids of the queued requests not cancelled yet
+        self._lock = threading.Lock()  # ``_waiting`` and the cancellation count, shared with request threads
         self._ops: queue.Queue = queue.Queue()  # swaps: never stuck behind requests when the batch is full
         self._stop = threading.Event()
-        self.stats = {"batches": 0, "rows": 0, "steps": 0, "swaps_in_place": 0, "request_failures": 0,
-                      "worker_restarts": 0}
+        self.stats = {"batches": 0, "rows": 0, "steps": 0, "tokens": 0, "swaps_in_place": 0, "request_failures": 0,
+                      "worker_restarts": 0, "cancelled": 0}
         self._slots = AdapterSlots(self._base, self._slots_in_use, self.stats)
         self._worker = threading.Thread(target=self._run, name="marft-engine", daemon=True)
         self._worker.start()
@@ -106,7 +114,7 @@ class AdapterEngine:
     ) -> int | None:
         """Vet and load an adapter under ``name``, replacing the current one when ``load_inplace``.
         Returns the version now serving. Raises ``AdapterError`` (and changes nothing) for a bad adapter."""
-        from .registry import MANIFEST_FILE, AdapterManifest, check_agent_name
+        from .registry import check_agent_name, read_manifest
 
         check_agent_name(name)
         if name == self.base_name:
@@ -114,8 +122,7 @@ class AdapterEngine:
         adapter_fp = None
         if self.registry is not None:
             _, version = self.registry.resolve(path)
-            manifest = AdapterManifest.model_validate_json((Path(path) / MANIFEST_FILE).read_text())
-            adapter_fp = manifest.base_fingerprint
+            adapter_fp = read_manifest(path).base_fingerprint
         info = inspect_adapter(path)
         if adapter_fp is None and info.base_model:
             adapter_fp = base_fingerprint(info.base_model)
@@ -130,10 +137,17 @@ class AdapterEngine:
         if name in self._slots.routes and not load_inplace:
             raise AdapterError(f"adapter {name!r} is already loaded; pass load_inplace=true to replace it")
         from peft import LoraConfig
-        from safetensors.torch import load_file
+        from safetensors.torch import load as load_safetensors
 
-        # Read here, in the caller's thread: the worker only copies them in (when a spare slot fits).
-        config, weights = LoraConfig.from_pretrained(str(path)), load_file(str(Path(path) / WEIGHTS_FILE))
+        # Read once, here in the caller's thread: the bytes checked against the manifest are the bytes
+        # the worker puts into a slot (nothing reads the file again).
+        try:
+            data = (Path(path) / WEIGHTS_FILE).read_bytes()
+        except OSError as e:
+            raise AdapterError(f"{path}: cannot read {WEIGHTS_FILE} ({e})") from None
+        if self.registry is not None:
+            self.registry.check_weights(path, data)
+        config, weights = LoraConfig.from_pretrained(str(path)), load_safetensors(data)
         return self._between_steps(lambda: self._slots.load(name, str(path), version, load_inplace, config, weights))
 
     def load_current(self) -> dict[str, str]:
@@ -174,9 +188,14 @@ class AdapterEngine:
         return self._base
 
     def health(self) -> dict:
-        """Whether the worker runs, how often it was restarted after a fault, and the last fault."""
+        """Whether the worker runs, how often it was restarted after a fault, and the last fault; the
+        requests running and waiting, those cancelled, and the decode steps and tokens so far."""
+        batch = self._batch
         return {"worker_alive": self._worker.is_alive(), "worker_restarts": self.stats["worker_restarts"],
-                "last_worker_fault": self._last_fault, "request_failures": self.stats["request_failures"]}
+                "last_worker_fault": self._last_fault, "request_failures": self.stats["request_failures"],
+                "requests_running": len(batch.rows) if batch else 0, "requests_waiting": len(self._waiting),
+                "requests_cancelled": self.stats["cancelled"], "decode_steps": self.stats["steps"],
+                "tokens_generated": self.stats["tokens"]}
 
     def validate(self, req: GenerationRequest) -> None:
         """Refuse a request that cannot be served, before it is queued."""
@@ -198,11 +217,31 @@ class AdapterEngine:
             raise RequestError(f"seed must be between 0 and 2**63-1, got {req.seed}", "seed")
         if not all(0 <= t < self.vocab_size for t in req.prompt_ids):
             raise RequestError(f"prompt token ids must be in [0, {self.vocab_size})", "prompt")
+        allowed, n = req.allowed_token_ids, self._n_tokens
+        if allowed is not None and (not allowed or len(allowed) > n
+                                    or not all(isinstance(t, int) and 0 <= t < n for t in allowed)):
+            raise RequestError(f"allowed_token_ids must be 1 to {n} token ids in [0, {n})", "allowed_token_ids")
 
     def submit(self, req: GenerationRequest) -> None:
-        """Queue a request; its ``sink`` receives the events from the worker thread."""
+        """Queue a request; its ``sink`` receives the events from the worker thread. Raises
+        ``QueueFull`` when ``max_queued`` requests are already waiting."""
         self.validate(req)
+        with self._lock:
+            if len(self._waiting) >= self.max_queued:
+                raise QueueFull(f"{len(self._waiting)} requests are waiting already (max_queued "
+                                f"{self.max_queued}); try again shortly")
+            self._waiting.add(id(req))
         self._queue.put(req)
+
+    def cancel(self, req: GenerationRequest) -> None:
+        """Give up on a request (its client has gone): a waiting one leaves the queue now, a running
+        one the batch before the next decode step (its events end with the step in progress). A
+        finished one is left alone."""
+        with self._lock:
+            req.cancelled = True
+            if id(req) in self._waiting:
+                self._waiting.discard(id(req))
+                self.stats["cancelled"] += 1
 
     def generate(self, prompt_ids: list[int], **params) -> GenerationResult:
         """Generate synchronously (in-process use); concurrent callers are batched together."""
@@ -259,6 +298,7 @@ class AdapterEngine:
                         fut.set_result(op())
                     except BaseException as e:  # noqa: BLE001 - handed to the caller
                         fut.set_exception(e)
+                self._drop_cancelled()
                 if self._batch is not None:
                     self._decode_step()
                 if self._pending:
@@ -276,7 +316,11 @@ class AdapterEngine:
             if item is None:
                 self._stop.set()
             elif item is not _WAKE:
-                new.append(item)
+                with self._lock:  # a request cancelled while it waited was counted by ``cancel``
+                    self._waiting.discard(id(item))
+                    live = not item.cancelled
+                if live:
+                    new.append(item)
 
         if self._batch is None:
             take(self._queue.get())
@@ -302,7 +346,7 @@ class AdapterEngine:
             raise UnknownAdapter(f"The model `{req.adapter}` does not exist.")
         return slot
 
-    def _forward(self, rows: list[_Row], **inputs):
+    def _forward(self, rows: list[Row], **inputs):
         model, kwargs = self._base, {}
         if self._slots.peft is not None:
             model = self._slots.peft
@@ -316,15 +360,19 @@ class AdapterEngine:
             log.warning("request failed in the engine (%s: %s); the other rows continue", type(e).__name__, e)
         _emit(req, "error", e)
 
-    def _setup(self, req: GenerationRequest) -> _Row | None:
+    def _setup(self, req: GenerationRequest) -> Row | None:
         """A request's row: adapter version bound (for its whole life), its own sampling generator
         (so what else is batched never changes what a seed samples) and decoding state."""
         import torch
 
+        if req.cancelled:  # after it left the queue, before its prefill
+            self._count_cancelled()
+            return None
         try:
             slot = self._bind(req)
             seed = req.seed if req.seed is not None else random.getrandbits(63)
-            row = _Row(req, slot, RowState(self.tokenizer, req.stop), torch.Generator().manual_seed(seed))
+            allowed = torch.tensor(req.allowed_token_ids, dtype=torch.long) if req.allowed_token_ids else None
+            row = Row(req, slot, RowState(self.tokenizer, req.stop), torch.Generator().manual_seed(seed), allowed)
         except Exception as e:  # noqa: BLE001 - e.g. unloaded after it was queued, or settings that do not work
             self._fail(req, e)
             return None
@@ -353,7 +401,7 @@ class AdapterEngine:
         for group in groups:
             self._batch = group if self._batch is None else self._batch.merge(group)
 
-    def _prefill(self, rows: list[_Row]) -> Batch:
+    def _prefill(self, rows: list[Row]) -> Batch:
         import torch
 
         width = max(len(r.req.prompt_ids) for r in rows)
@@ -380,17 +428,31 @@ class AdapterEngine:
         b.last = self._sample(b.rows, out.logits[:, -1, :])
         self.stats["steps"] += 1
 
-    def _sample(self, rows: list[_Row], logits):
+    def _drop_cancelled(self) -> None:
+        """Rows whose request was cancelled leave the batch now, before the next decode step."""
+        gone = [r for r in self._batch.rows if r.req.cancelled and not r.state.finish] if self._batch else []
+        for row in gone:
+            row.state.finish = "abort"
+            self._count_cancelled()
+        if gone:
+            self._retire_finished()
+
+    def _count_cancelled(self) -> None:
+        with self._lock:
+            self.stats["cancelled"] += 1
+
+    def _sample(self, rows: list[Row], logits):
         """Sample one token per row with its own settings, emit it, and mark finished rows. A row
         whose sampling or detokenising fails is finished with its error; the others go on."""
         import torch
 
-        from .sampling import processed_logprobs, sample_row
+        from .sampling import allowed_mask, finite, processed_logprobs, sample_row
 
         temps = torch.tensor([r.req.temperature for r in rows], dtype=torch.float32)
         top_k = torch.tensor([r.req.top_k for r in rows], dtype=torch.long)
         top_p = torch.tensor([r.req.top_p for r in rows], dtype=torch.float32)
-        logprobs = processed_logprobs(logits, temps, top_k, top_p)  # row-wise: one row cannot spoil another
+        allowed = allowed_mask([r.allowed for r in rows], logits.shape)
+        logprobs = processed_logprobs(logits, temps, top_k, top_p, allowed)  # row-wise: one row cannot spoil another
         tokens = torch.full((len(rows),), self.pad_id, dtype=torch.long)
         for i, row in enumerate(rows):
             st, req = row.state, row.req
@@ -399,7 +461,7 @@ class AdapterEngine:
                 top = []
                 if req.top_logprobs:
                     vals, idx = logprobs[i].topk(req.top_logprobs)
-                    top = [(int(t), _finite(float(v))) for v, t in zip(vals, idx)]
+                    top = [(int(t), finite(float(v))) for v, t in zip(vals, idx)]
                 lp = float(logprobs[i, tok])
                 delta = st.add(tok, lp, top, tok == self.eos_id, len(st.token_ids) + 1 >= req.max_tokens)
                 result = self._result(row) if st.finish else None
@@ -408,12 +470,13 @@ class AdapterEngine:
                 self._fail(req, e)
                 continue
             tokens[i] = tok
+            self.stats["tokens"] += 1
             _emit(req, "token", TokenEvent(tok, lp, top, delta))
             if result is not None:
                 _emit(req, "done", result)
         return tokens
 
-    def _result(self, row: _Row) -> GenerationResult:
+    def _result(self, row: Row) -> GenerationResult:
         st, slot = row.state, row.slot
         return GenerationResult(
             prompt_ids=list(row.req.prompt_ids), token_ids=list(st.token_ids), logprobs=list(st.logprobs),
@@ -433,11 +496,6 @@ class AdapterEngine:
         self._slots.collect_retired()
 
 
-def _finite(x: float) -> float:
-    # Masked tokens have -inf log-probs; JSON has no infinity, so report vLLM's -9999.0 instead.
-    return x if x > -9999.0 else -9999.0
-
-
 def _emit(req: GenerationRequest, kind: str, payload: Any) -> None:
     if req.sink is None:
         return
@@ -445,11 +503,3 @@ def _emit(req: GenerationRequest, kind: str, payload: Any) -> None:
         req.sink(kind, payload)
     except Exception:  # noqa: BLE001 - a gone client (closed event loop) must not stop the other rows
         req.sink = None
-
-
-@dataclass
-class _Row:
-    req: GenerationRequest
-    slot: Slot | None  # bound when the request joins the batch; never changes afterwards
-    state: RowState
-    gen: Any  # torch.Generator

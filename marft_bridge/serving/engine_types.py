@@ -9,6 +9,7 @@ from typing import Any, Callable
 from ..errors import MarftError
 
 MAX_SEED = 2**63 - 1  # the seed range vLLM and OpenAI accept
+DEFAULT_MAX_QUEUED = 256  # requests waiting for a batch slot
 
 
 class UnknownAdapter(MarftError):
@@ -21,6 +22,10 @@ class RequestError(MarftError):
     def __init__(self, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.param, self.code = param, code
+
+
+class QueueFull(MarftError):
+    """The engine's queue of waiting requests is full (``max_queued``); try again shortly."""
 
 
 class WorkerFault(MarftError):
@@ -40,9 +45,14 @@ class GenerationRequest:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     top_logprobs: int = 0
+    # Sampling only among these token ids (vLLM's ``allowed_token_ids``): every other token is masked
+    # to -inf before temperature, top-k and top-p, so the reported log-probs are under the mask too.
+    allowed_token_ids: list[int] | None = None
     # Called from the worker thread with ("start", (name, version)), ("token", TokenEvent),
     # ("done", GenerationResult) or ("error", exception).
     sink: Callable[[str, Any], None] | None = None
+    # Set by ``AdapterEngine.cancel``: the request leaves the queue or the batch before the next step.
+    cancelled: bool = field(default=False, init=False, repr=False)
 
 
 @dataclass

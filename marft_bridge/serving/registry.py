@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .publishers import Publisher
 
 MANIFEST_FILE = "manifest.json"
-VERSION_DIR = re.compile(r"^v([1-9][0-9]{0,8})$")
+VERSION_DIR = re.compile(r"^v([1-9][0-9]{0,8})\Z")
 
 
 class AdapterManifest(BaseModel):
@@ -79,6 +79,15 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def read_manifest(version_dir: str | Path) -> AdapterManifest:
+    """A version directory's manifest; ``AdapterError`` when it is missing or not a manifest."""
+    path = Path(version_dir) / MANIFEST_FILE
+    try:
+        return AdapterManifest.model_validate_json(path.read_bytes())
+    except (OSError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+        raise AdapterError(f"{path} is not a readable manifest ({type(e).__name__})") from None
+
+
 class AdapterRegistry:
     """Versioned per-agent LoRA adapters under one root directory."""
 
@@ -109,7 +118,7 @@ class AdapterRegistry:
         return p
 
     def manifest(self, agent: str, version: int | None = None) -> AdapterManifest:
-        return AdapterManifest.model_validate_json((self.path(agent, version) / MANIFEST_FILE).read_text())
+        return read_manifest(self.path(agent, version))
 
     def current(self, agent: str) -> int | None:
         return self._state(agent)["current"]
@@ -132,12 +141,13 @@ class AdapterRegistry:
         return found[-1] if found else None
 
     def resolve(self, path: str | Path) -> tuple[str, int]:
-        """``(agent, version)`` of a version directory, refusing anything outside the registry root
-        (symlinks are followed first, so a link cannot point out of it)."""
+        """``(agent, version)`` of a version directory, refusing anything outside the registry root:
+        the directory and every file in it are resolved first (symlinks followed), so no link can
+        point out of the registry."""
         try:
             p = Path(path).expanduser().resolve(strict=True)
-        except (OSError, RuntimeError):
-            raise AdapterError(f"adapter path {path} does not exist") from None
+        except (OSError, RuntimeError, ValueError):  # ValueError: a NUL byte in the path
+            raise AdapterError(f"adapter path {path!r} does not exist") from None
         try:
             rel = p.relative_to(self.root)
         except ValueError:
@@ -147,7 +157,22 @@ class AdapterRegistry:
             raise AdapterError(f"adapter path {path} is not a version directory <registry>/<agent>/v<N>")
         if not (p / MANIFEST_FILE).is_file():
             raise AdapterError(f"adapter path {path} has no {MANIFEST_FILE}; publish it with the registry")
+        for entry in p.iterdir():
+            try:
+                target = entry.resolve(strict=True)
+            except (OSError, RuntimeError):
+                raise AdapterError(f"{entry} cannot be read (a broken link?); refusing to load {path}") from None
+            if not target.is_relative_to(self.root):
+                raise AdapterError(f"{entry} links to {target}, outside the registry {self.root}; refusing to load it")
         return rel.parts[0], int(m.group(1))
+
+    def check_weights(self, version_dir: str | Path, data: bytes) -> None:
+        """Refuse weights (the bytes about to be loaded) that differ from what was published: the
+        version's manifest keeps their sha256."""
+        manifest = read_manifest(version_dir)
+        if hashlib.sha256(data).hexdigest() != manifest.sha256:
+            raise AdapterError(f"{version_dir}: {WEIGHTS_FILE} does not match the sha256 in its {MANIFEST_FILE} "
+                               "(changed after it was published); refusing to load it")
 
     # -- writing ---------------------------------------------------------------------------------
     def publish(

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from .engine_types import MAX_SEED
 
 MAX_INT32 = 2**31 - 1
+MAX_ALLOWED_TOKEN_IDS = 1 << 18  # more than any vocabulary served; the engine checks against its own
 
 
 class _Strict(BaseModel):
@@ -139,6 +140,10 @@ class SamplingBody(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool = False
+    # vLLM's sampling parameter: sample only among these token ids (the engine checks them against
+    # its vocabulary); the reported log-probs are those of the masked distribution.
+    allowed_token_ids: list[Annotated[int, Field(ge=0, le=MAX_INT32)]] | None = Field(
+        default=None, min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)
     n: int = Field(default=1, ge=1, le=1)
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)

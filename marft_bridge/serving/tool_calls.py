@@ -15,6 +15,8 @@ import json
 import uuid
 from dataclasses import dataclass
 
+from .requests import ChatRequest, NamedToolChoice
+
 START, END = "<tool_call>", "</tool_call>"
 
 
@@ -114,6 +116,30 @@ class HermesParser:
         self.calls.append(call)
         new.append(call)
         return ""
+
+
+def parser_for(body: ChatRequest) -> HermesParser | None:
+    """A chat request's parser: tool calls are parsed when tools are given and tool_choice is not "none"."""
+    if not body.tools or body.tool_choice == "none":
+        return None
+    return HermesParser(max_calls=None if body.parallel_tool_calls else 1)
+
+
+class ToolCallStats:
+    """Counts over every response parsed for tool calls (``/health`` shows them)."""
+
+    def __init__(self):
+        self.counts = {"tool_calls_parsed": 0, "tool_calls_malformed": 0, "tool_calls_dropped": 0,
+                       "tool_choice_unmet": 0}
+
+    def count(self, body: ChatRequest, parser: HermesParser) -> None:
+        self.counts["tool_calls_parsed"] += len(parser.calls)
+        self.counts["tool_calls_malformed"] += parser.malformed
+        self.counts["tool_calls_dropped"] += parser.dropped
+        choice = body.tool_choice
+        wanted = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        if (choice == "required" and not parser.calls) or (wanted and wanted not in {c.name for c in parser.calls}):
+            self.counts["tool_choice_unmet"] += 1
 
 
 def _partial_tag_suffix(text: str) -> int:

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from .. import http_limits
 from ..errors import MarftError
 
 
@@ -35,6 +36,7 @@ def add_commands(sub) -> None:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--api-key", default=None,
                    help="key every request must carry (also env MARFT_API_KEY); required off loopback")
+    http_limits.add_flags(p, limit_concurrency=128)
     p.set_defaults(func=_ui)
 
 
@@ -61,8 +63,6 @@ def _open_store(url: str | None):
 
 
 def _ui(args) -> int:
-    import uvicorn
-
     from .app import create_app
 
     api_key = args.api_key or os.environ.get("MARFT_API_KEY") or None
@@ -80,7 +80,7 @@ def _ui(args) -> int:
                      tokenizer=args.tokenizer)
     print(f"marft ui: {store.url} on http://{args.host}:{args.port}/", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        http_limits.run(app, args)
     finally:
         store.close()
     return 0
