@@ -56,7 +56,7 @@ vllm:
 # tests/vllm against one real vLLM (started from .venv-vllm) beside `marft serve` (from .venv).
 test-vllm: $(STAMP) vllm
 	MARFT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python PYTHONPATH=$(CURDIR) \
-		$(BIN)/python -m pytest -q -p no:cacheprovider tests/vllm
+		$(BIN)/python -m pytest -q -p no:cacheprovider --durations=8 tests/vllm
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .marft
