@@ -24,6 +24,7 @@ _EXPORTS = {
     "Policy": "marft_bridge.schema",
     "MarftError": "marft_bridge.errors",
     "RecordError": "marft_bridge.errors",
+    "RecordLimits": "marft_bridge.limits",
     "TraceStore": "marft_bridge.store",
     "episode": "marft_bridge.integrations.session",
     "instrument": "marft_bridge.integrations.langgraph",

@@ -147,6 +147,8 @@ def jsonable(obj: Any) -> Any:
         return json.loads(json.dumps(obj, default=default))
     except (TypeError, ValueError):
         return repr(obj)
+    except RecursionError:  # too deep for JSON: kept as it is, for the store to refuse with a bounded preview
+        return obj
 
 
 def _dump(value: Any) -> Any:

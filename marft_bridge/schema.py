@@ -9,25 +9,33 @@ Records are pydantic v2 models: validated when built or parsed, JSON round-trip 
 invariants the store relies on are checked here, so every entry point (store, import, capture)
 refuses the same bad records with the same message.
 
-Two rules every consumer of records shares live here too: how recorded messages enter a chat
-template (``template_message``: tool calls with decoded arguments, tool ids and names), and which
-adapter an action trains (``adapter_name``: the model name that served it, else the agent path's
-registry-safe form).
+Two rules every consumer of records shares are importable here too: how recorded messages enter a
+chat template (``template_message``: tool calls with decoded arguments, tool ids and names), and
+which adapter an action trains (``adapter_name``, from ``adapter_names``: the model name that served
+it, else the agent path's registry-safe form).
+
+The depth and size of free-form JSON (task, metadata, tool calls and tools) are bounded by
+``limits.RecordLimits``: the store's own, passed as validation context (``{"limits": ...}``), else
+the defaults; ``STORED`` skips the check for what the store already holds.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 import uuid
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
-from .errors import MarftError, RecordError
+# Adapter naming lives in adapter_names.py (it reads no record type); its names stay importable here.
+from .adapter_names import (ADAPTER_NAME, adapter_name, adapters_by_agent, agent_adapter_name,  # noqa: F401
+                            resolve_adapters)
+from .errors import RecordError
+from .limits import RecordLimits, default_limits, first_over_limits
 
 SCHEMA_VERSION = 2
 # Versions older than SCHEMA_VERSION that still load, and what changed since. Each change so far
@@ -36,7 +44,8 @@ SCHEMA_VERSION = 2
 #   1 -> 2: Observation.tools and Observation.tool_choice (what the model was offered).
 UPGRADABLE_VERSIONS = frozenset({1})
 
-# Limits that keep one runaway record from filling the store ("oversized fields").
+# Limits that keep one runaway record from filling the store ("oversized fields"); the depth and
+# size of free-form JSON (task, metadata, tool calls) are RecordLimits (limits.py), checked below.
 MAX_TEXT_CHARS = 2_000_000
 MAX_TOKENS = 262_144
 MAX_NAME_CHARS = 256
@@ -60,6 +69,22 @@ def utcnow() -> datetime:
 
 def _invariant(field: str, reason: str) -> PydanticCustomError:
     return PydanticCustomError("invariant", "{field}: {reason}", {"field": field, "reason": reason})
+
+
+# Validation context of records the store already holds: they were checked against the limits
+# when written (a later, lower limit must not make them unreadable), so reads skip that check.
+STORED = {"limits": None}
+
+
+def _limits(info: ValidationInfo) -> RecordLimits | None:
+    """The limits a validation checks free-form fields against: the context's, else the defaults."""
+    ctx = info.context
+    return ctx["limits"] if isinstance(ctx, dict) and "limits" in ctx else default_limits()
+
+
+def _within(limits: RecordLimits, fields: list[tuple[str, Any]]) -> None:
+    if found := first_over_limits(fields, limits):
+        raise _invariant(*found)
 
 
 class _Record(BaseModel):
@@ -200,6 +225,16 @@ class Action(_Record):
             self.token_source = "server" if self.output.token_ids is not None else "retokenize"
         return self
 
+    @model_validator(mode="after")
+    def _within_limits(self, info: ValidationInfo) -> Action:
+        if (limits := _limits(info)) is not None:
+            obs = self.observation
+            _within(limits, [("metadata", self.metadata), ("output.tool_calls", self.output.tool_calls),
+                             ("observation.tools", obs.tools), ("observation.tool_choice", obs.tool_choice),
+                             *((f"observation.messages.{k}.tool_calls", m.tool_calls)
+                               for k, m in enumerate(obs.messages) if m.tool_calls)])
+        return self
+
 
 class Reward(_Record):
     """A reward for the whole episode (team), one agent, or one action. May arrive late."""
@@ -218,6 +253,12 @@ class Reward(_Record):
         if not math.isfinite(v):
             raise ValueError(f"reward is {v}; rewards must be finite")
         return v
+
+    @model_validator(mode="after")
+    def _within_limits(self, info: ValidationInfo) -> Reward:
+        if (limits := _limits(info)) is not None:
+            _within(limits, [("metadata", self.metadata)])
+        return self
 
 
 class Episode(_Record):
@@ -247,6 +288,12 @@ class Episode(_Record):
                 + (" (the record is newer: upgrade marft_bridge to read it)" if v > SCHEMA_VERSION else "")
             )
         return v
+
+    @model_validator(mode="after")
+    def _within_limits(self, info: ValidationInfo) -> Episode:
+        if (limits := _limits(info)) is not None:
+            _within(limits, [("task", self.task), ("metadata", self.metadata)])
+        return self
 
     @model_validator(mode="after")
     def _check_invariants(self) -> Episode:
@@ -405,7 +452,7 @@ def template_tool_call(call: dict[str, Any]) -> dict[str, Any]:
     if isinstance(args, str):
         try:
             decoded = json.loads(args) if args.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # recorded text, not ours to refuse: rendered as it is
             decoded = None
         args = decoded if isinstance(decoded, dict) else args
     elif args is None:
@@ -428,73 +475,6 @@ def template_message(m: Message) -> dict[str, Any]:
     return out
 
 
-# Adapter names the registry and vLLM accept (serving.registry checks the same pattern, and no "..").
-ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # \Z: "$" matches before a final newline
-
-
-def agent_adapter_name(agent: str) -> str:
-    """The registry-safe adapter name of an agent (path): ``supervisor/agent`` -> ``supervisor.agent``.
-
-    Path segments are joined with ``.``; characters other than letters, digits, ``_``, ``-`` and
-    ``.`` become ``_``; empty segments and leading punctuation are dropped. A name longer than 64
-    characters keeps its first 55 and a hash of the whole, so distinct agents keep distinct names.
-    """
-    parts = [re.sub(r"[^A-Za-z0-9_.-]", "_", p).strip(".") for p in agent.split("/")]
-    name = re.sub(r"\.{2,}", ".", ".".join(p for p in parts if p)).lstrip("._-") or "agent"
-    if len(name) > 64:
-        import hashlib
-
-        name = name[:55].rstrip(".") + "-" + hashlib.sha256(agent.encode()).hexdigest()[:8]
-    return name
-
-
-def adapter_name(action: Action) -> str:
-    """The adapter an action trains: the one that served it.
-
-    That is ``action.policy.name``, the model name the call sent (an app selects an adapter by model
-    name, vLLM-style), when it is an adapter name (a base model id like ``Qwen/Qwen2.5-0.5B`` is
-    not); else the agent's registry-safe name (``agent_adapter_name``).
-    """
-    name = action.policy.name if action.policy is not None else None
-    if name and ADAPTER_NAME.match(name) and ".." not in name:
-        return name
-    return agent_adapter_name(action.agent)
-
-
-def adapters_by_agent(episodes: list[Episode]) -> dict[str, list[str]]:
-    """Recorded agent -> the adapters its model calls (``llm`` actions) trained, in order of first use."""
-    out: dict[str, list[str]] = {}
-    for ep in episodes:
-        for a in ep.actions:
-            if a.kind == "llm":
-                names = out.setdefault(a.agent, [])
-                if (name := adapter_name(a)) not in names:
-                    names.append(name)
-    return out
-
-
-def resolve_adapters(names: list[str], known: dict[str, list[str]]) -> list[str]:
-    """Adapter names for ``names``, each an adapter or an agent (path) of ``known`` (``adapters_by_agent``).
-
-    An adapter name stays; an agent maps to the adapters its calls used (or its registry-safe name).
-    Anything else raises MarftError listing the known adapters and agents.
-    """
-    adapters = list(dict.fromkeys(n for ns in known.values() for n in ns))
-    out: list[str] = []
-    for name in names:
-        if name in adapters:
-            out.append(name)
-        elif name in known:
-            out += known[name]
-        elif agent_adapter_name(name) in adapters:
-            out.append(agent_adapter_name(name))
-        else:
-            listing = ", ".join(f"{a} ({' '.join(known[a])})" if known[a] != [a] else a for a in known) or "none"
-            raise MarftError(f"unknown agent or adapter {name!r}; the episodes have adapters "
-                             f"{', '.join(adapters) or 'none'} (agent (adapters): {listing})")
-    return list(dict.fromkeys(out))
-
-
 def record_error(exc: ValidationError, record: str | None) -> RecordError:
     """A pydantic ValidationError of a record as RecordError: the first error's field path and reason."""
     err = exc.errors()[0]
@@ -507,31 +487,52 @@ def record_error(exc: ValidationError, record: str | None) -> RecordError:
     return RecordError(record, field, err["msg"])
 
 
-def episode_data(data: str | bytes | dict, record: str | None = None) -> dict:
-    """Raw episode JSON (text or an already decoded value) as a dict, or RecordError (not validated)."""
+def as_record_error(exc: Exception, record: str | None) -> RecordError:
+    """Any failure to build a record as RecordError (a ValidationError's first error, else its type and text)."""
+    if isinstance(exc, RecordError):
+        return exc
+    if isinstance(exc, ValidationError):
+        return record_error(exc, record)
+    return RecordError(record, None, f"{type(exc).__name__}: {exc}")
+
+
+def episode_data(data: str | bytes | dict, record: str | None = None, limits: RecordLimits | None = None) -> dict:
+    """Raw episode JSON (text or an already decoded value) as a dict, or RecordError (not validated).
+
+    Text longer than ``limits.max_record_bytes`` is refused unread."""
     if isinstance(data, (str, bytes)):
+        cap = (limits or default_limits()).max_record_bytes
+        if len(data) > cap:
+            raise RecordError(record, None, f"{len(data):,} bytes of JSON, over the {cap:,}-byte limit of one "
+                              "record (max_record_bytes)")
         try:
             data = json.loads(data)
         except ValueError as e:
             raise RecordError(record, None, f"malformed JSON: {e}") from None
+        except RecursionError:
+            raise RecordError(record, None, "JSON nested too deep to read (far past the max_depth limit of "
+                              f"{(limits or default_limits()).max_depth} levels)") from None
     if not isinstance(data, dict):
         raise RecordError(record, None, f"an episode must be a JSON object, not {type(data).__name__}")
     return data
 
 
-def parse_episode(data: str | bytes | dict, record: str | None = None) -> Episode:
+def parse_episode(data: str | bytes | dict, record: str | None = None, limits: RecordLimits | None = None) -> Episode:
     """Validate raw JSON (text or a decoded dict) into an Episode, or raise RecordError.
 
     ``record`` names the source (for instance ``traces.jsonl line 7``); the episode's own id is
-    added when it can be read, so the message names both.
+    added when it can be read, so the message names both. ``limits``: RecordLimits (default:
+    ``limits.default_limits()``).
     """
-    data = episode_data(data, record)
+    data = episode_data(data, record, limits)
+    eid = data.get("id")
+    name = ", ".join(p for p in (record, f"episode {eid}" if isinstance(eid, str) else None) if p) or None
     try:
-        return Episode.model_validate(data)
+        return Episode.model_validate(data, context={"limits": limits or default_limits()})
     except ValidationError as e:
-        eid = data.get("id")
-        name = ", ".join(p for p in (record, f"episode {eid}" if isinstance(eid, str) else None) if p) or None
         raise record_error(e, name) from None
+    except RecursionError:  # a deep value in a typed field: pydantic's own guard is in Rust, this is not
+        raise RecordError(name, None, "nested too deep to validate (past the max_depth limit)") from None
 
 
 def validate_episode(episode: Episode) -> Episode:

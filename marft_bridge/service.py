@@ -222,7 +222,10 @@ class ContinuousService:
         cursor, ids = self.store.changed_since(self.state.cursor)
         known = set(self.state.pending) | set(self.state.heldout)
         for eid in ids:
-            ep = self.store.get_episode(eid)
+            try:
+                ep = self.store.get_episode(eid)
+            except KeyError:  # gone, or unreadable (the store moved it to its dead letters): not trainable
+                continue
             if not ep.rewards or (self.config.source and ep.source != self.config.source):
                 continue
             if self.state.watch:

@@ -244,6 +244,75 @@ def test_oversized_field_is_refused():
     assert e.value.field == "actions.0.output.text"
 
 
+def nested(depth: int) -> dict:
+    """``{"k": {"k": ... {}}}``: ``depth`` levels, built without recursion."""
+    root = cur = {}
+    for _ in range(depth - 1):
+        cur["k"] = {}
+        cur = cur["k"]
+    return root
+
+
+@pytest.mark.parametrize("path, field", [
+    (("task",), "task"), (("metadata", "x"), "metadata"),
+    (("actions", 0, "metadata", "x"), "actions.0.metadata"),
+    (("actions", 0, "output", "tool_calls"), "actions.0.output.tool_calls"),
+    (("actions", 0, "observation", "tools"), "actions.0.observation.tools"),
+    (("actions", 0, "observation", "tool_choice"), "actions.0.observation.tool_choice"),
+    (("rewards", 0, "metadata", "x"), "rewards.0.metadata"),
+])
+@pytest.mark.parametrize("depth", [65, 300, 3000])
+def test_free_form_json_past_the_depth_limit_is_refused_with_its_field(path, field, depth):
+    raw = {**_raw(), "rewards": [{"value": 1.0}]}
+    deep = nested(depth)
+    if field.endswith(("tool_calls", "tools")):
+        deep = [{"type": "function", "function": {"name": "f", "arguments": deep}}]
+    elif field.endswith("tool_choice"):
+        deep = {"type": "function", "function": deep}
+    target = raw
+    for key in path[:-1]:
+        target = target.setdefault(key, {}) if isinstance(key, str) else target[key]
+    target[path[-1]] = deep
+    with pytest.raises(RecordError) as e:
+        parse_episode(raw, record="f line 1")
+    assert (e.value.record, e.value.field) == ("f line 1, episode ep", field)
+    assert e.value.reason == "JSON nested more than 64 levels deep, over the limit (max_depth)"
+    with pytest.raises(ValueError, match="max_depth"):  # built directly, the record model refuses it too
+        Episode.model_validate(raw)
+
+
+def test_message_tool_calls_and_sizes_past_the_limits_are_refused():
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": nested(100)}}
+    raw = _raw()
+    raw["actions"][0]["observation"] = {"messages": [{"role": "user", "content": "hi"},
+                                                     {"role": "assistant", "tool_calls": [call]}]}
+    with pytest.raises(RecordError) as e:
+        parse_episode(raw)
+    assert e.value.field == "actions.0.observation.messages.1.tool_calls"
+    at_limit = {**_raw(), "task": nested(64), "metadata": {"blob": "x" * 1_999_000}}
+    assert parse_episode(at_limit).task == nested(64)
+    with pytest.raises(RecordError, match="task: .* over the 2,000,000-byte limit .max_field_bytes."):
+        parse_episode({**_raw(), "task": ["x" * 1_000_000, "y" * 1_000_000]})
+    with pytest.raises(RecordError, match="over the 4,096-byte limit of one record .max_record_bytes."):
+        from marft_bridge.limits import RecordLimits
+
+        parse_episode(json.dumps({**_raw(), "task": "x" * 5000}), limits=RecordLimits(max_record_bytes=4096))
+
+
+def test_json_too_deep_for_the_parser_is_a_record_error_not_a_crash():
+    text = '{"id": "e", "task": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    with pytest.raises(RecordError, match="^f line 9: JSON nested too deep to read"):
+        parse_episode(text, record="f line 9")
+
+
+def test_tool_arguments_too_deep_to_decode_are_rendered_as_recorded():
+    from marft_bridge.schema import template_tool_call
+
+    args = "[" * 100_000 + "]" * 100_000
+    call = template_tool_call({"id": "c", "type": "function", "function": {"name": "f", "arguments": args}})
+    assert call["function"]["arguments"] == args
+
+
 def test_malformed_json_and_non_objects_are_refused():
     with pytest.raises(RecordError, match=r"^f line 2: malformed JSON"):
         parse_episode('{"id": "x", "actions": [', record="f line 2")
@@ -289,3 +358,10 @@ def test_reward_for_unknown_agent_or_action_is_refused():
 def test_unknown_fields_are_refused_not_dropped():
     with pytest.raises(RecordError, match="rewrds"):
         parse_episode({**_raw(), "rewrds": []})
+
+
+def test_a_name_with_a_final_newline_is_not_an_adapter_name():
+    from marft_bridge.schema import ADAPTER_NAME, adapter_name
+
+    assert ADAPTER_NAME.match("planner") and not ADAPTER_NAME.match("planner\n")
+    assert adapter_name(Action(agent="coder", policy=Policy(name="planner\n"))) == "coder"

@@ -343,7 +343,7 @@ def test_closed_store_refuses_work_but_submit_never_raises(store_url):
 
 def test_oversized_record_is_refused_and_its_dead_letter_is_capped(store):
     from marft_bridge.schema import MAX_TEXT_CHARS
-    from marft_bridge.store.tracestore import MAX_DEAD_LETTER_CHARS
+    from marft_bridge.store.rows import MAX_DEAD_LETTER_CHARS
 
     raw = make_episode(0).model_dump(mode="json")
     raw["actions"][1]["output"]["text"] = "y" * (MAX_TEXT_CHARS + 5)
@@ -353,7 +353,7 @@ def test_oversized_record_is_refused_and_its_dead_letter_is_capped(store):
     (letter,) = store.dead_letters()
     assert letter.field == "actions.1.output.text"
     assert letter.raw.startswith('{"schema_version": 2, "id": "ep0"')
-    assert len(letter.raw) < MAX_DEAD_LETTER_CHARS + 100 and letter.raw.endswith("chars in all]")
+    assert len(letter.raw) < MAX_DEAD_LETTER_CHARS + 100 and letter.raw.endswith("chars kept]")
     assert store.count() == 0
 
 

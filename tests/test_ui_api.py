@@ -298,6 +298,33 @@ def test_action_list_paging_and_export(ui):
     assert Episode.model_validate_json(r.content) == store.get_episode(ids["captured"])
 
 
+def test_actions_are_named_by_their_index_in_the_episode(ui):
+    """Time-ordered ids share their first digits: the page names actions #k, so the API gives indexes."""
+    c, _, _ = ui
+    page = c.get("/api/episodes/tool-episode-1/actions").json()
+    assert [(r["index"], r["depends_on_index"]) for r in page["items"]] == [(0, []), (1, [0]), (2, [0, 1]), (3, [])]
+    nodes = c.get("/api/episodes/tool-episode-1").json()["graph"]["nodes"]
+    assert [n["depends_on_index"] for n in nodes] == [[], [0], [0, 1], []]
+    assert c.get("/api/episodes/tool-episode-1/actions/search-1").json()["indexes"] == {"plan": 0, "write": 2}
+    credited = c.get("/api/episodes/tool-episode-1").json()["credited"]
+    assert [(r["action_id"], r["action_index"]) for r in credited] == [(None, None), ("search-1", 1)]
+
+
+def test_an_unreadable_stored_episode_is_a_404_saying_so_and_a_count(store, store_url):
+    from test_store_limits import spoil
+
+    from marft_bridge.ui.app import create_app
+
+    store.add_episode(tool_episode())
+    store.add_episode(failed_episode())
+    c = client_for(create_app(store))
+    spoil(store_url, "tool-episode-1", "torn")  # after the index read it: opening it meets the bad row
+    r = c.get("/api/episodes/tool-episode-1")
+    assert r.status_code == 404 and "could not be read back" in r.json()["error"]
+    assert c.get("/api/episodes").json()["unreadable"] == {"quarantined": 1, "skipped": 1}
+    assert [d["record"] for d in c.get("/api/dead-letters").json()["items"]] == ["stored episode tool-episode-1"]
+
+
 def test_live_changes_and_meta(ui):
     c, _, store = ui
     meta = c.get("/api/meta").json()

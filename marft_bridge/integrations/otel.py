@@ -46,7 +46,7 @@ from typing import Any
 
 from .. import messages as msgs
 from ..capture_errors import capture_error, guarded
-from ..schema import Episode
+from ..schema import Episode, as_record_error
 from .otel_emit import SAMPLING_ATTRS as _SAMPLING
 from .otel_emit import SpanEmitter
 from .otel_messages import genai_messages as _genai_messages
@@ -351,7 +351,13 @@ class _Assembler:
         if not any(_Span(s).kind in ("llm", "tool") for s in spans):
             return  # a trace without model or tool calls is not an episode
         with guarded("otel.convert"):
-            ep = spans_to_episode(spans, source=self.source)
+            try:
+                ep = spans_to_episode(spans, source=self.source)
+            except Exception as e:  # refused by the record model (past a record limit, say): kept as a dead letter
+                trace = f"otel trace {format(spans[0].context.trace_id, '032x')}"
+                self.store.dead_letter(as_record_error(e, trace), [{"name": s.name, **dict(s.attributes or {})}
+                                                                  for s in spans])
+                raise
             self.store.submit(ep)
             self.episodes += 1
 

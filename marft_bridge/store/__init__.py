@@ -12,7 +12,9 @@ from .._lazy import lazy_getattr
 _EXPORTS = {
     "TraceStore": ".tracestore",
     "DeadLetter": ".records",
+    "DoctorReport": ".records",
     "EpisodeNotFound": ".records",
+    "EpisodeUnreadable": ".records",
     "Refusal": ".records",
     "WriteReport": ".records",
 }

@@ -1,4 +1,4 @@
-"""``marft traces``: list, show, export, import, stats, dead letters and late rewards of a TraceStore."""
+"""``marft traces``: list, show, export, import, stats, doctor, dead letters and late rewards of a TraceStore."""
 
 from __future__ import annotations
 
@@ -72,6 +72,16 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                        description="Counts of episodes, actions, rewards and dead letters, per agent and per source.")
     c.add_argument("--json", action="store_true", help="print JSON instead of tables")
     c.set_defaults(func=_stats)
+
+    c = sub.add_parser("doctor", parents=[store], help="find stored episodes that cannot be read back; move them aside",
+                       description="Read every stored episode. One that cannot be read back (a row written by hand "
+                       "or damaged) is moved to the dead letters, whole, with the reason, each in one transaction, so "
+                       "reads, export, training and marft ui go on without it (they also skip and move such a row "
+                       "when they meet it). Readable episodes past the current record limits are listed and kept. "
+                       "Exit status 1 when --dry-run found unreadable episodes.")
+    c.add_argument("--dry-run", action="store_true", help="only list what is wrong; move nothing")
+    c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.set_defaults(func=_doctor)
 
     c = sub.add_parser("dead-letters", parents=[store], help="refused records and why",
                        description="Records the store refused, newest first, with the reason.")
@@ -269,8 +279,12 @@ def _preview(text: str | None, n: int) -> str:
 def _export(args) -> int:
     with _open(args) as store:
         n = store.export(args.path, format=args.format, **_filters(args), limit=args.limit)
+        skipped = store.unreadable_skipped
     if args.path != "-":
         print(f"exported {n} episode(s) to {args.path}")
+    if skipped:
+        print(f"skipped {skipped} stored episode(s) that cannot be read back; they were moved to the dead letters "
+              "(marft traces dead-letters; marft traces doctor checks the whole store)", file=sys.stderr)
     return 0
 
 
@@ -299,6 +313,9 @@ def _stats(args) -> int:
         f"  {s['episodes']} episode(s) ({s['episodes_with_reward']} rewarded), {s['actions']} action(s), "
         f"{s['rewards']} reward(s), {s['dead_letters']} dead letter(s)"
     )
+    if s["quarantined"]:
+        console.print(f"  {s['quarantined']} unreadable stored episode(s) were moved to the dead letters "
+                      "(marft traces doctor)")
     console.print(f"  first started {_when(s['first_started_at'])}, last started {_when(s['last_started_at'])}")
     if s["agents"]:
         t = Table(title="per agent", title_justify="left")
@@ -318,9 +335,34 @@ def _stats(args) -> int:
     return 0
 
 
+def _doctor(args) -> int:
+    import time
+
+    last = [time.monotonic()]
+
+    def progress(done: int, total: int) -> None:
+        if done == total or time.monotonic() - last[0] > 2:
+            last[0] = time.monotonic()
+            print(f"  checked {done} of {total} episode(s)", file=sys.stderr, flush=True)
+
+    with _open(args) as store:
+        report = store.doctor(dry_run=args.dry_run, progress=None if args.json else progress)
+        url = store.url
+    if args.json:
+        print(report.model_dump_json(indent=2))
+    else:
+        print(f"{url}: {report}")
+        verb = "would move" if report.dry_run else "moved"
+        for f in report.unreadable:
+            print(f"  unreadable, {verb} to the dead letters: episode {f.episode_id}: {f.reason}")
+        for f in report.over_limits:
+            print(f"  past the record limits (readable, kept): episode {f.episode_id}: {f.reason}")
+    return 1 if report.dry_run and report.unreadable else 0
+
+
 def _dead_letters(args) -> int:
     with _open(args) as store:
-        letters = store.dead_letters(limit=args.limit or None)
+        letters = store.dead_letters(limit=args.limit or None, raw_chars=2000 if args.raw else 0)
     if not letters:
         print("no dead letters")
         return 0

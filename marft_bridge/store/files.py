@@ -6,6 +6,12 @@ the tool calls made as JSON, ...) plus the exact
 JSON of each action (``action_json``) and of the episode around it (``episode_json``,
 ``rewards_json``), which is what import reads. An episode without actions is one row with empty
 action columns.
+
+Import holds one record at a time, bounded by the store's ``limits.max_record_bytes``: a JSONL
+line is read up to that many bytes, and a longer one is refused (its first bytes kept as the dead
+letter) and skipped to its end in small reads; a Parquet episode is assembled from small batches
+of rows and refused once its JSON passes the limit. Every record that fails, for any reason, is
+refused and dead-lettered alone; the rest of the file goes on.
 """
 
 from __future__ import annotations
@@ -22,11 +28,14 @@ from ..errors import MarftError, RecordError
 from .records import Refusal, WriteReport
 
 if TYPE_CHECKING:
+    from ..limits import RecordLimits
     from ..schema import Episode
 
 
 class EpisodeStore(Protocol):
     """What export and import need of a store (``TraceStore``'s public methods)."""
+
+    limits: RecordLimits
 
     def episodes(self, **filters: Any) -> Iterator[Episode]: ...
 
@@ -37,6 +46,9 @@ class EpisodeStore(Protocol):
 FORMATS = ("jsonl", "parquet")
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 _BATCH = 500  # episodes per Parquet row group while exporting
+_READ_ROWS = 64  # Parquet rows per batch while importing (an action's row may hold a long text)
+_SKIP_CHUNK = 1 << 20  # bytes per read while skipping the rest of an over-long line
+_KEPT = 64 * 1024  # bytes of a refused over-long record its dead letter keeps
 
 
 def detect_format(path: str | os.PathLike, format: str | None) -> str:
@@ -198,14 +210,15 @@ def import_file(store: EpisodeStore, path: str | os.PathLike, format: str | None
     fmt = detect_format(path, format)
     if str(path) != "-" and not Path(path).is_file():
         raise MarftError(f"no such file: {path}")
-    records = _read_parquet(Path(path)) if fmt == "parquet" else _read_jsonl(path)
+    cap = store.limits.max_record_bytes
+    records = _read_parquet(Path(path), cap) if fmt == "parquet" else _read_jsonl(path, cap)
     report = WriteReport()
     for name, raw in records:
         try:
             if isinstance(raw, _Broken):
                 store.dead_letter(raw.error, raw.raw)
                 raise raw.error
-            store.add_episode(raw, record=name)
+            _import_one(store, name, raw)
             report.added += 1
         except RecordError as e:
             report.refused += 1
@@ -213,23 +226,51 @@ def import_file(store: EpisodeStore, path: str | os.PathLike, format: str | None
     return report
 
 
-def _read_jsonl(path: str | os.PathLike) -> Iterator[tuple[str, str | bytes]]:
+def _import_one(store: EpisodeStore, name: str, raw: Any) -> None:
+    try:
+        store.add_episode(raw, record=name)  # a refused record is dead-lettered there
+    except MarftError:  # RecordError; or the store itself failed (closed, database gone): not this record's doing
+        raise
+    except Exception as e:  # noqa: BLE001 - anything else refuses this record alone
+        err = RecordError(name, None, f"cannot be imported: {type(e).__name__}: {e}")
+        store.dead_letter(err, raw)
+        raise err from None
+
+
+def _read_jsonl(path: str | os.PathLike, cap: int) -> Iterator[tuple[str, str | bytes | _Broken]]:
+    """Non-blank lines as text (bytes when not UTF-8: refused as malformed JSON, kept raw); a line
+    longer than ``cap`` bytes is never held whole: refused with its first bytes, skipped to its end."""
     label = "stdin" if str(path) == "-" else Path(path).name
     f = sys.stdin.buffer if str(path) == "-" else open(path, "rb")
     try:
-        for n, line in enumerate(f, 1):
+        n = 0
+        while line := f.readline(cap + 1):
+            n += 1
+            name = f"{label} line {n}"
+            if len(line) > cap and not line.endswith(b"\n"):  # at most cap + 1 bytes were read
+                kept, size = line[:_KEPT], len(line)
+                del line
+                while rest := f.readline(_SKIP_CHUNK):
+                    size += len(rest)
+                    if rest.endswith(b"\n"):
+                        break
+                yield name, _Broken(RecordError(name, None, f"a line of {size:,}+ bytes, over the {cap:,}-byte limit "
+                                                "of one record (max_record_bytes); skipped unread"),
+                                    kept.decode("utf-8", "replace") + f"... [{size:,}+ bytes in all]")
+                continue
             if line.strip():
                 try:
-                    yield f"{label} line {n}", line.decode("utf-8")
+                    yield name, line.decode("utf-8")
                 except UnicodeDecodeError:
-                    yield f"{label} line {n}", line  # bytes: refused as malformed JSON, kept raw
+                    yield name, line
     finally:
         if f is not sys.stdin.buffer:
             f.close()
 
 
-def _read_parquet(path: Path) -> Iterator[tuple[str, dict | _Broken]]:
-    """Episodes rebuilt from the JSON columns, in file order (rows of one episode are contiguous)."""
+def _read_parquet(path: Path, cap: int) -> Iterator[tuple[str, dict | _Broken]]:
+    """Episodes rebuilt from the JSON columns, in file order (rows of one episode are contiguous);
+    one whose JSON passes ``cap`` bytes is refused (its first row kept) and its other rows skipped."""
     _, pq = _pyarrow()
     needed = ["episode_id", "action_index", "action_json", "episode_json", "rewards_json"]
     try:
@@ -241,19 +282,34 @@ def _read_parquet(path: Path) -> Iterator[tuple[str, dict | _Broken]]:
         raise MarftError(f"{path.name} lacks the column(s) {', '.join(missing)}; was it written by marft traces export?")
     current: str | None = None
     rows: list[dict] = []
-    first_row = 0
-    row_no = 0
-    for batch in pf.iter_batches(columns=needed, batch_size=4096):
+    first_row = row_no = size = 0
+    over = False  # the current episode passed the cap: its remaining rows are counted, not kept
+
+    def done() -> tuple[str, dict | _Broken]:
+        if not over:
+            return _episode_from_rows(path.name, first_row, rows)
+        name = f"{path.name} rows {first_row}-{row_no - 1}"
+        raw = json.dumps(rows[:1], default=str, ensure_ascii=False)[:_KEPT]
+        return name, _Broken(RecordError(name, None, f"episode {current}: {size:,}+ bytes of JSON, over the "
+                                         f"{cap:,}-byte limit of one record (max_record_bytes)"), raw)
+
+    for batch in pf.iter_batches(columns=needed, batch_size=_READ_ROWS):
         for r in batch.to_pylist():
-            if r["episode_id"] != current and rows:
-                yield _episode_from_rows(path.name, first_row, rows)
-                rows = []
-            if not rows:
+            if r["episode_id"] != current and (rows or over):
+                yield done()
+                rows, size, over = [], 0, False
+            if not rows and not over:
                 current, first_row = r["episode_id"], row_no
-            rows.append(r)
             row_no += 1
-    if rows:
-        yield _episode_from_rows(path.name, first_row, rows)
+            size += len(r["action_json"] or "") + (0 if rows or over else len(r["episode_json"] or "")
+                                                   + len(r["rewards_json"] or ""))
+            if over:
+                continue
+            rows.append(r)
+            if size > cap:
+                over, rows = True, rows[:1]
+    if rows or over:
+        yield done()
 
 
 def _episode_from_rows(label: str, first_row: int, rows: list[dict]) -> tuple[str, dict | _Broken]:
@@ -263,9 +319,10 @@ def _episode_from_rows(label: str, first_row: int, rows: list[dict]) -> tuple[st
         episode["rewards"] = json.loads(rows[0]["rewards_json"])
         acts = sorted((r for r in rows if r["action_json"] is not None), key=lambda r: r["action_index"])
         episode["actions"] = [json.loads(r["action_json"]) for r in acts]
-    except (TypeError, ValueError, KeyError, AttributeError) as e:
+    except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as e:
+        why = "JSON nested too deep to read (far past the max_depth limit)" if isinstance(e, RecursionError) else e
         raw = json.dumps(rows, default=str, ensure_ascii=False)
-        return name, _Broken(RecordError(name, "action_json/episode_json", f"not episode JSON: {e}"), raw)
+        return name, _Broken(RecordError(name, "action_json/episode_json", f"not episode JSON: {why}"), raw)
     return name, episode
 
 

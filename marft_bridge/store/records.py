@@ -1,4 +1,4 @@
-"""Small typed results the store hands back: write reports and dead letters."""
+"""Small typed results the store hands back: write reports, dead letters and what ``doctor`` found."""
 
 from __future__ import annotations
 
@@ -18,6 +18,15 @@ class EpisodeNotFound(MarftError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return self.args[0]
+
+
+class EpisodeUnreadable(EpisodeNotFound):
+    """``get_episode`` on a stored episode that cannot be read back: it was moved to the dead letters."""
+
+    def __init__(self, episode_id: str, reason: str):
+        self.episode_id, self.reason = episode_id, reason
+        MarftError.__init__(self, f"episode {episode_id!r} could not be read back from the store ({reason}); "
+                                  "it was moved to the dead letters (marft traces dead-letters)")
 
 
 class Refusal(BaseModel):
@@ -45,3 +54,26 @@ class DeadLetter(BaseModel):
     reason: str
     raw: str | None
     created_at: datetime
+
+
+class Finding(BaseModel):
+    """One stored episode ``doctor`` (or a read) found wrong, and why."""
+
+    episode_id: str
+    reason: str
+
+
+class DoctorReport(BaseModel):
+    """What ``TraceStore.doctor`` found: stored episodes that cannot be read back (moved to the dead
+    letters unless ``dry_run``), and readable ones past the current record limits (kept)."""
+
+    scanned: int = 0
+    unreadable: list[Finding] = Field(default_factory=list)
+    quarantined: int = 0
+    over_limits: list[Finding] = Field(default_factory=list)
+    dry_run: bool = False
+
+    def __str__(self) -> str:
+        moved = "listed (dry run: nothing moved)" if self.dry_run else f"{self.quarantined} moved to the dead letters"
+        return (f"{self.scanned} episode(s) checked: {len(self.unreadable)} unreadable, {moved}; "
+                f"{len(self.over_limits)} readable but past the record limits (kept)")

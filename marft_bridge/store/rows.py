@@ -1,5 +1,6 @@
 """Episodes <-> the store's rows: serializing an episode's rows, merging a second half into a
-stored episode, the listing filters, and time columns as UTC epoch seconds."""
+stored episode, the listing filters, time columns as UTC epoch seconds, and the bounded preview
+of a refused record that its dead letter keeps."""
 
 from __future__ import annotations
 
@@ -8,12 +9,18 @@ from datetime import datetime, timezone
 from typing import Any
 
 import sqlalchemy as sa
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from ..errors import MarftError, RecordError
+from ..limits import RecordLimits
 from ..schema import Action, Episode, Reward, episode_data, parse_episode, record_error
 from . import tables as t
+
+# A dead letter keeps the refused record for inspection, but not an unbounded one.
+MAX_DEAD_LETTER_CHARS = 1_000_000
+# Levels a preview shows (a little past the record limit, so the cut is visible); deeper ones are "…".
+PREVIEW_DEPTH = 80
 
 
 def epoch(dt: datetime | float | int | str | None) -> float | None:
@@ -34,25 +41,25 @@ def epoch(dt: datetime | float | int | str | None) -> float | None:
     return dt.timestamp()
 
 
-def to_data(item: Episode | dict | str | bytes) -> dict:
+def to_data(item: Episode | dict | str | bytes, limits: RecordLimits | None = None) -> dict:
     """The raw episode as a dict (JSON decoded, Episode dumped); RecordError if it is not one."""
     if isinstance(item, Episode):
         try:
             return item.model_dump()  # python mode: validating it back is twice as fast as JSON mode
         except Exception as e:  # noqa: BLE001 - a mutated object may hold anything
             raise RecordError(f"episode {item.id}", None, f"cannot serialize: {e}") from None
-    return episode_data(item)
+    return episode_data(item, limits=limits)
 
 
-def validated(model: type, raw: Any, record: str, field: str):
+def validated(model: type, raw: Any, record: str, field: str, limits: RecordLimits | None = None):
     try:
-        return model.model_validate(raw)
+        return model.model_validate(raw, context={"limits": limits} if limits is not None else None)
     except ValidationError as e:
         err = record_error(e, record)
         raise RecordError(record, ".".join(p for p in (field, err.field) if p), err.reason) from None
 
 
-def merge_halves(old: Episode, new: dict) -> tuple[Episode, list[Action], list[Reward]]:
+def merge_halves(old: Episode, new: dict, limits: RecordLimits | None = None) -> tuple[Episode, list[Action], list[Reward]]:
     """Append the new half's actions and rewards to the stored episode; identical re-sent records
     are skipped (a retried write is harmless), different ones with a stored id are refused."""
     name = f"episode {old.id}"
@@ -64,7 +71,7 @@ def merge_halves(old: Episode, new: dict) -> tuple[Episode, list[Action], list[R
         by_id = {r.id: r for r in stored}
         fresh = []
         for k, item in enumerate(raw):
-            rec = validated(model, item, name, f"{key}.{k}")
+            rec = validated(model, item, name, f"{key}.{k}", limits)
             if rec.id in by_id:
                 # Compare only what was sent: a default like created_at=now differs on every resend.
                 if any(getattr(by_id[rec.id], f) != getattr(rec, f) for f in rec.model_fields_set):
@@ -84,34 +91,49 @@ def merge_halves(old: Episode, new: dict) -> tuple[Episode, list[Action], list[R
     data["metadata"] = {**data["metadata"], **meta} if isinstance(meta, dict) else meta
     if "schema_version" in new:
         data["schema_version"] = new["schema_version"]
-    return parse_episode(data), parts["actions"], parts["rewards"]
+    return parse_episode(data, limits=limits), parts["actions"], parts["rewards"]
 
 
 class Rows:
-    """The rows one episode write inserts, serialized before the transaction starts."""
+    """The rows one episode write inserts, serialized before the transaction starts; ``size`` is
+    the UTF-8 length of their JSON bodies (about the episode's JSON line, when it is all of it)."""
 
-    __slots__ = ("episode", "agents", "actions", "rewards")
+    __slots__ = ("episode", "agents", "actions", "rewards", "size")
 
-    def __init__(self, episode: dict, agents: list[dict], actions: list[dict], rewards: list[dict]):
-        self.episode, self.agents, self.actions, self.rewards = episode, agents, actions, rewards
+    def __init__(self, episode: dict, agents: list[dict], actions: list[dict], rewards: list[dict], size: int = 0):
+        self.episode, self.agents, self.actions, self.rewards, self.size = episode, agents, actions, rewards, size
+
+
+def check_record_size(episode_id: str, size: int, limits: RecordLimits) -> None:
+    """RecordError when an episode's JSON is past ``limits.max_record_bytes``."""
+    if size > limits.max_record_bytes:
+        raise RecordError(f"episode {episode_id}", None, f"{size:,} bytes of JSON, over the "
+                          f"{limits.max_record_bytes:,}-byte limit of one record (max_record_bytes)")
 
 
 def episode_rows(ep: Episode, actions: list[Action] | None = None, rewards: list[Reward] | None = None,
-                  action_start: int = 0, reward_start: int = 0) -> Rows:
-    """Rows for ``ep`` (or, when merging, for its new ``actions``/``rewards`` from the given positions)."""
+                  action_start: int = 0, reward_start: int = 0, limits: RecordLimits | None = None) -> Rows:
+    """Rows for ``ep`` (or, when merging, for its new ``actions``/``rewards`` from the given positions).
+    With ``limits``, a whole episode past ``max_record_bytes`` is refused (RecordError)."""
+    whole = actions is None and rewards is None
     actions = ep.actions if actions is None else actions
     rewards = ep.rewards if rewards is None else rewards
     to_json = Action.__pydantic_serializer__.to_json  # model_dump_json's keyword handling costs per call
     try:
         body = ep.model_dump_json(exclude={"actions", "rewards"})
-        action_rows = [
-            {"episode_id": ep.id, "seq": action_start + k, "id": a.id, "agent": a.agent, "step": a.step, "kind": a.kind,
-             "body": to_json(a).decode()}
-            for k, a in enumerate(actions)
-        ]
+        size = len(body) if body.isascii() else len(body.encode())
+        action_rows = []
+        for k, a in enumerate(actions):
+            text = to_json(a)
+            size += len(text) + 1
+            action_rows.append({"episode_id": ep.id, "seq": action_start + k, "id": a.id, "agent": a.agent,
+                                "step": a.step, "kind": a.kind, "body": text.decode()})
         reward_rows = [reward_row(ep.id, reward_start + k, r) for k, r in enumerate(rewards)]
+        size += sum(len(r["body"]) + 1 for r in reward_rows)
     except PydanticSerializationError as e:
         raise RecordError(f"episode {ep.id}", None, f"cannot be stored as JSON: {e}") from None
+    if whole and limits is not None:
+        check_record_size(ep.id, size, limits)
     episode_row = {
         "id": ep.id,
         "source": ep.source,
@@ -122,7 +144,7 @@ def episode_rows(ep: Episode, actions: list[Action] | None = None, rewards: list
         "n_rewards": len(ep.rewards),
         "body": body,
     }
-    return Rows(episode_row, [{"episode_id": ep.id, "agent": a} for a in ep.agents], action_rows, reward_rows)
+    return Rows(episode_row, [{"episode_id": ep.id, "agent": a} for a in ep.agents], action_rows, reward_rows, size)
 
 
 def reward_row(episode_id: str, seq: int, r: Reward) -> dict:
@@ -158,10 +180,95 @@ def from_epoch(x: float | None) -> datetime | None:
     return None if x is None else datetime.fromtimestamp(x, timezone.utc)
 
 
-def safe_dumps(obj: Any) -> str:
+# -- dead-letter previews ------------------------------------------------------------------------
+
+_END = object()
+
+
+def preview(raw: Any, max_chars: int = MAX_DEAD_LETTER_CHARS, max_depth: int = PREVIEW_DEPTH) -> str:
+    """A refused record as a dead letter keeps it: text as it is, bytes decoded, anything else as
+    JSON (``json.dumps``'s text for a JSON value that fits). At most ``max_chars`` characters (a cut
+    is marked), containers deeper than ``max_depth`` levels as ``"…"``, objects that are not JSON
+    by their type name. Iterative, so a record nested 100,000 levels deep (or one that contains
+    itself) gets a preview too; it never raises."""
     try:
-        if isinstance(obj, Episode):
-            return obj.model_dump_json()
-        return json.dumps(obj, default=repr, ensure_ascii=False)
-    except Exception:  # noqa: BLE001 - keep whatever we can of a broken record
-        return repr(obj)
+        if isinstance(raw, bytes):
+            raw = raw[: max_chars * 4].decode("utf-8", "replace")
+        if isinstance(raw, str):
+            return raw if len(raw) <= max_chars else raw[:max_chars] + _cut(max_chars)
+        if isinstance(raw, Episode):
+            try:
+                text = raw.model_dump_json()
+                return text if len(text) <= max_chars else text[:max_chars] + _cut(max_chars)
+            except Exception:  # noqa: BLE001 - too deep or not serializable: walk its fields instead
+                pass
+        return _walk(raw, max_chars, max_depth)
+    except Exception as e:  # noqa: BLE001 - a preview must never take the refusal down with it
+        return f"<no preview: {type(e).__name__}>"
+
+
+def _cut(max_chars: int) -> str:
+    return f"... [truncated: the first {max_chars:,} chars kept]"
+
+
+def _walk(obj: Any, max_chars: int, max_depth: int) -> str:
+    out: list[str] = []
+    n = 0
+    frames: list[list] = []  # [iterator, closing text, is first item, is a dict, depth of the items]
+    value, depth, pending = obj, 0, True
+    while n <= max_chars:
+        if pending:
+            pending = False
+            if isinstance(value, BaseModel):  # a record (or any pydantic model): its fields
+                value = {k: getattr(value, k, None) for k in type(value).model_fields}
+            if isinstance(value, (dict, list, tuple)):
+                is_dict = isinstance(value, dict)
+                if not value:
+                    text = "{}" if is_dict else "[]"
+                elif depth >= max_depth:
+                    text = '"…"'
+                else:
+                    frames.append([iter(value.items() if is_dict else value), "}" if is_dict else "]", True, is_dict,
+                                   depth + 1])
+                    text = "{" if is_dict else "["
+            else:
+                text = _leaf(value, max_chars - n)
+            out.append(text)
+            n += len(text)
+            continue
+        if not frames:
+            return "".join(out)
+        frame = frames[-1]
+        item = next(frame[0], _END)
+        if item is _END:
+            frames.pop()
+            out.append(frame[1])
+            n += 1
+            continue
+        sep = "" if frame[2] else ", "
+        frame[2] = False
+        if frame[3]:
+            key, value = item
+            sep += json.dumps(key if isinstance(key, str) else str(key), ensure_ascii=False) + ": "
+        else:
+            value = item
+        out.append(sep)
+        n += len(sep)
+        depth, pending = frame[4], True
+    return "".join(out)[:max_chars] + _cut(max_chars)
+
+
+def _leaf(v: Any, room: int) -> str:
+    if isinstance(v, str):
+        return json.dumps(v[: max(room, 0) + 1], ensure_ascii=False)
+    if v is None or isinstance(v, (bool, int, float)):
+        try:
+            return json.dumps(v)
+        except ValueError:  # an int too long to print
+            return '"<int>"'
+    if isinstance(v, bytes):
+        return json.dumps(v[: max(room, 0) + 1].decode("utf-8", "replace"), ensure_ascii=False)
+    if isinstance(v, datetime):
+        return json.dumps(v.isoformat())
+    return json.dumps(f"<{type(v).__name__}>")
+

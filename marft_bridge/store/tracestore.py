@@ -5,8 +5,9 @@ Every episode is written whole or not at all, so a crash never leaves half an ep
 validated episodes per transaction). Writing an id
 that is already stored merges: the new actions and rewards are appended (cross-process capture
 writes the halves of one episode), and the merged episode must validate. Refused records go to a
-dead-letter table with the reason. A change log lets pollers (the continuous fine-tuning service)
-see which episodes were added, merged or rewarded since they last looked.
+dead-letter table with the reason; so does a stored episode that cannot be read back (reads skip
+it, count it and move it there: ``quarantine.py``). A change log lets pollers (the continuous
+fine-tuning service) see which episodes were added, merged or rewarded since they last looked.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -23,28 +24,32 @@ import sqlalchemy as sa
 from pydantic import ValidationError
 
 from ..errors import MarftError, RecordError
+from ..limits import RecordLimits
 from ..schema import Episode, Reward, parse_episode, record_error
 from . import tables as t
 from .engines import NEW_EPISODES, create_engines, normalize_url, short_error
 from .files import export_episodes, import_file
-from .reads import READ_CHUNK, change_cursor, changes_after, dead_letter_list, load_episodes, store_stats, summary_rows
-from .records import DeadLetter, EpisodeNotFound, Refusal, WriteReport
-from .rows import Rows, episode_rows, filter_clauses, listing, merge_halves, reward_row, safe_dumps, to_data
+from .quarantine import quarantine_tx, scan
+from .reads import (READ_CHUNK, change_cursor, changes_after, dead_letter_list, load_episodes, quarantined_count,
+                    store_stats, stored_size, summary_rows)
+from .records import DeadLetter, DoctorReport, EpisodeNotFound, EpisodeUnreadable, Finding, Refusal, WriteReport
+from .rows import (MAX_DEAD_LETTER_CHARS, Rows, check_record_size, episode_rows, filter_clauses, listing, merge_halves,
+                   preview, to_data)
 from .transactions import WriteTransactions
 from .writer import BackgroundWriter, Snapshot
 
 log = logging.getLogger("marft_bridge.store")
 
-# A dead letter keeps the raw record for inspection, but not an unbounded one.
-MAX_DEAD_LETTER_CHARS = 1_000_000
-
 
 class TraceStore:
     """Episodes, rewards, dead letters and a change log in one SQL database."""
 
-    def __init__(self, url: str, *, queue_size: int = 1000, on_full: str = "block"):
+    def __init__(self, url: str, *, queue_size: int = 1000, on_full: str = "block",
+                 limits: RecordLimits | dict | None = None):
         if on_full not in ("block", "drop"):
             raise MarftError(f"on_full must be 'block' or 'drop', not {on_full!r}")
+        self.limits = RecordLimits.of(limits)
+        self._skipped = 0  # unreadable stored episodes this object's reads passed over
         self._queue_size = queue_size
         self._on_full = on_full
         self._writer = None  # background writer for submit(), started on first use
@@ -62,14 +67,17 @@ class TraceStore:
         return self._writes.is_postgres
 
     @classmethod
-    def open(cls, url: str | os.PathLike | None = None, *, queue_size: int = 1000, on_full: str = "block") -> TraceStore:
+    def open(cls, url: str | os.PathLike | None = None, *, queue_size: int = 1000, on_full: str = "block",
+             limits: RecordLimits | dict | None = None) -> TraceStore:
         """Open (creating if needed) a store.
 
         ``url``: None -> ``$MARFT_STORE`` or ``./.marft/traces.db``; a filesystem path -> SQLite file;
         ``sqlite:///...``; ``postgresql+psycopg://...`` (``postgresql://`` uses psycopg too).
         ``queue_size``/``on_full`` configure ``submit()``'s bounded queue ("block" or "drop").
+        ``limits``: the record limits every write is checked against (``RecordLimits`` or a dict of
+        its fields; default: ``$MARFT_MAX_*`` or the documented defaults, see ``marft_bridge.limits``).
         """
-        return cls(normalize_url(url), queue_size=queue_size, on_full=on_full)
+        return cls(normalize_url(url), queue_size=queue_size, on_full=on_full, limits=limits)
 
     def __repr__(self) -> str:
         return f"TraceStore({self.url!r})"
@@ -110,10 +118,10 @@ class TraceStore:
         """
         self._check_open()
         try:
-            data = to_data(episode)
+            data = to_data(episode, self.limits)
             try:
-                ep, err = parse_episode(data), None
-                rows = episode_rows(ep)
+                ep, err = parse_episode(data, limits=self.limits), None
+                rows = episode_rows(ep, limits=self.limits)
             except RecordError as e:
                 # Half of an episode may depend on actions of the stored half: judge the merge.
                 ep, rows, err = None, None, e
@@ -142,8 +150,9 @@ class TraceStore:
             try:
                 data = _unqueued(item)
                 # JSON (a submitted Episode is queued as JSON) is parsed and validated in one pass in Rust.
-                ep = Episode.model_validate_json(data) if isinstance(data, (bytes, str)) else parse_episode(to_data(data))
-                group.append((ep.id, episode_rows(ep), item))
+                ep = (Episode.model_validate_json(data, context={"limits": self.limits}) if isinstance(data, (bytes, str))
+                      else parse_episode(to_data(data, self.limits), limits=self.limits))
+                group.append((ep.id, episode_rows(ep, limits=self.limits), item))
             except (RecordError, ValidationError):
                 self._write_group(group)
                 group = []
@@ -151,7 +160,7 @@ class TraceStore:
             except Exception as e:  # noqa: BLE001 - a snapshot that cannot be loaded back
                 self._write_group(group)
                 group = []
-                self.dead_letter(RecordError(None, None, f"cannot be read back from the write queue: {e}"), repr(item))
+                self.dead_letter(RecordError(None, None, f"cannot be read back from the write queue: {e}"), item)
         self._write_group(group)
 
     def _write_group(self, group: list[tuple[str, Rows, Any]]) -> None:
@@ -213,7 +222,7 @@ class TraceStore:
                 changes.append({"episode_id": eid, "kind": "add", "created_at": now})
                 continue
             write_batch()  # the merge reads the stored episode: everything before it is written first
-            if not self._merge_tx(conn, eid, to_data(_unqueued(item))):
+            if not self._merge_tx(conn, eid, to_data(_unqueued(item), self.limits)):
                 raise MarftError(f"episode {eid} is neither new nor stored")
         write_batch()
 
@@ -245,39 +254,15 @@ class TraceStore:
                "metadata": meta}
         try:
             try:
-                reward = Reward(value=value, agent=agent, action_id=action_id, source=source, metadata=meta)
+                reward = Reward.model_validate({"value": value, "agent": agent, "action_id": action_id,
+                                                "source": source, "metadata": meta}, context={"limits": self.limits})
             except ValidationError as e:
                 raise record_error(e, f"{name} reward") from None
-            self._writes.retry(lambda conn: self._insert_reward(conn, episode_id, reward))
+            self._writes.retry(lambda conn: self._writes.insert_reward(conn, episode_id, reward))
         except RecordError as e:
-            self.dead_letter(e, safe_dumps(raw))
+            self.dead_letter(e, raw)
             raise
         return reward
-
-    def _insert_reward(self, conn: sa.Connection, episode_id: str, reward: Reward) -> None:
-        name = f"episode {episode_id}"
-        row = conn.execute(self._writes.lock_episode(episode_id)).first()
-        if row is None:
-            raise RecordError(name, None, "no such episode in the store")
-        if reward.agent is not None:
-            known = conn.execute(
-                sa.select(t.episode_agents.c.agent).where(
-                    t.episode_agents.c.episode_id == episode_id, t.episode_agents.c.agent == reward.agent
-                )
-            ).first()
-            if known is None:
-                raise RecordError(name, "reward.agent", f"unknown agent {reward.agent!r}")
-        if reward.action_id is not None:
-            known = conn.execute(
-                sa.select(t.actions.c.seq).where(t.actions.c.episode_id == episode_id, t.actions.c.id == reward.action_id)
-            ).first()
-            if known is None:
-                raise RecordError(name, "reward.action_id", f"unknown action id {reward.action_id!r}")
-        self._writes.insert(conn, t.rewards, [reward_row(episode_id, row.n_rewards, reward)])
-        conn.execute(
-            t.episodes.update().where(t.episodes.c.id == episode_id).values(n_rewards=row.n_rewards + 1)
-        )
-        self._writes.log_change(conn, episode_id, "reward")
 
     def _write_episode_tx(self, conn: sa.Connection, ep: Episode | None, rows: Rows | None, data: dict,
                           err: RecordError | None) -> None:
@@ -293,9 +278,14 @@ class TraceStore:
         """Merge ``data`` into the stored episode ``eid``; False when it is not stored."""
         if conn.execute(self._writes.lock_episode(eid)).first() is None:
             return False
-        old = load_episodes(conn, [eid])[0]
-        merged, new_actions, new_rewards = merge_halves(old, data)
+        found, bad = load_episodes(conn, [eid])
+        if bad:
+            raise RecordError(f"episode {eid}", None, f"the stored half cannot be read back ({bad[0].reason}), so this "
+                              "half cannot be merged into it; marft traces doctor moves the stored half aside")
+        old = found[0]
+        merged, new_actions, new_rewards = merge_halves(old, data, self.limits)
         rows = episode_rows(merged, new_actions, new_rewards, len(old.actions), len(old.rewards))
+        check_record_size(eid, stored_size(conn, eid) + rows.size, self.limits)
         rows.agents = [r for r in rows.agents if r["agent"] not in old.agents]
         conn.execute(t.episodes.update().where(t.episodes.c.id == eid).values(rows.episode))
         self._writes.insert_children(conn, rows)
@@ -304,11 +294,10 @@ class TraceStore:
 
     def dead_letter(self, err: RecordError, raw: Any) -> None:
         """Keep a refused record with the reason (``dead_letters()`` lists them); ``raw`` is the record
-        as text, bytes or a JSON-able object, capped at MAX_DEAD_LETTER_CHARS. Never raises for a
-        database error: the refusal itself is what the caller reports."""
-        text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace") if isinstance(raw, bytes) else safe_dumps(raw)
-        if len(text) > MAX_DEAD_LETTER_CHARS:
-            text = text[:MAX_DEAD_LETTER_CHARS] + f"... [truncated, {len(text)} chars in all]"
+        as text, bytes or any object, kept as ``rows.preview`` makes it (at most MAX_DEAD_LETTER_CHARS,
+        never recursive: a record of any depth gets one). Never raises for a database error: the
+        refusal itself is what the caller reports."""
+        text = preview(raw, MAX_DEAD_LETTER_CHARS)
         try:
             with self._writes.begin() as conn:
                 conn.execute(
@@ -368,10 +357,16 @@ class TraceStore:
     # -- reading -------------------------------------------------------------------------------
 
     def get_episode(self, episode_id: str) -> Episode:
-        """The stored episode (equal to the one added, merges and rewards included)."""
+        """The stored episode (equal to the one added, merges and rewards included).
+
+        EpisodeNotFound (a KeyError) when it is not stored; its subclass EpisodeUnreadable when it
+        is stored but cannot be read back, which moves it to the dead letters (see ``episodes``)."""
         self._check_open()
         with self._reader.connect() as conn:
-            found = load_episodes(conn, [episode_id])
+            found, bad = load_episodes(conn, [episode_id])
+        if bad:
+            self._set_aside(bad)
+            raise EpisodeUnreadable(episode_id, bad[0].reason)
         if not found:
             raise EpisodeNotFound(episode_id)
         return found[0]
@@ -399,7 +394,11 @@ class TraceStore:
         limit: int | None = None,
         newest_first: bool = False,
     ) -> Iterator[Episode]:
-        """Stored episodes by start time, filtered; ``since`` inclusive, ``until`` exclusive."""
+        """Stored episodes by start time, filtered; ``since`` inclusive, ``until`` exclusive.
+
+        An episode that cannot be read back is skipped: logged, counted (``stats()["unreadable_skipped"]``)
+        and moved to the dead letters (``stats()["quarantined"]``), so one bad row never stops a read.
+        """
         self._check_open()
         q = listing([t.episodes.c.id], filter_clauses(source, agent, since, until, has_reward), limit, newest_first)
         with self._reader.connect() as conn:
@@ -407,7 +406,49 @@ class TraceStore:
         for i in range(0, len(ids), READ_CHUNK):
             chunk = ids[i : i + READ_CHUNK]
             with self._reader.connect() as conn:
-                yield from load_episodes(conn, chunk)
+                found, bad = load_episodes(conn, chunk)
+            if bad:
+                self._set_aside(bad)
+            yield from found
+
+    def _set_aside(self, bad: list[Finding]) -> None:
+        """Count unreadable episodes a read skipped and move them to the dead letters; a store that
+        cannot be written (read-only) keeps them, logged and still skipped."""
+        for f in bad:
+            self._skipped += 1
+            log.warning("stored episode %s cannot be read back (%s); skipped and moved to the dead letters",
+                        f.episode_id, f.reason)
+        self._quarantine(bad)
+
+    def _quarantine(self, bad: list[Finding]) -> int:
+        moved = 0
+        for f in bad:
+            done: list[bool] = []
+            try:
+                self._writes.retry(lambda conn: done.append(quarantine_tx(conn, self._writes, f.episode_id)))
+            except (MarftError, sa.exc.SQLAlchemyError) as e:
+                log.error("could not move unreadable episode %s to the dead letters: %s", f.episode_id, short_error(e))
+                continue
+            moved += bool(done and done[-1])
+        return moved
+
+    def doctor(self, *, dry_run: bool = False, progress: Callable[[int, int], None] | None = None) -> DoctorReport:
+        """Read every stored episode: move those that cannot be read back to the dead letters (each in
+        one transaction; ``dry_run`` only lists them) and list those past the current ``limits``
+        (readable, kept). ``progress(done, total)`` is called as it goes."""
+        self._check_open()
+        return scan(self._reader, self.limits, None if dry_run else self._quarantine, progress)
+
+    @property
+    def unreadable_skipped(self) -> int:
+        """Unreadable stored episodes this store object's reads skipped (each also moved to the dead letters)."""
+        return self._skipped
+
+    def quarantined(self) -> int:
+        """How many unreadable stored episodes were ever moved to the dead letters (one small query)."""
+        self._check_open()
+        with self._reader.connect() as conn:
+            return quarantined_count(conn)
 
     def episode_rows(self, **filters: Any) -> list[dict]:
         """Summary rows (id, source, status, times, counts, agents) without loading the episodes."""
@@ -433,16 +474,17 @@ class TraceStore:
             return int(conn.execute(q).scalar_one())
 
     def stats(self) -> dict[str, Any]:
-        """Counts: episodes, actions, rewards, dead letters, per agent and per source, time range."""
+        """Counts: episodes, actions, rewards, dead letters (``quarantined``: unreadable stored episodes
+        moved there), per agent and per source, time range."""
         self._check_open()
         with self._reader.connect() as conn:
-            return store_stats(conn, self.url, self.dropped)
+            return store_stats(conn, self.url, self.dropped, self._skipped)
 
-    def dead_letters(self, limit: int | None = None) -> list[DeadLetter]:
-        """Refused records, newest first."""
+    def dead_letters(self, limit: int | None = None, raw_chars: int | None = None) -> list[DeadLetter]:
+        """Refused records, newest first; ``raw_chars`` reads only the start of each raw record."""
         self._check_open()
         with self._reader.connect() as conn:
-            return dead_letter_list(conn, limit)
+            return dead_letter_list(conn, limit, raw_chars)
 
     def cursor(self) -> int:
         """The current position of the change log (pass it to ``changed_since`` later)."""

@@ -10,14 +10,17 @@ import contextlib
 import importlib
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ..errors import MarftError
+from ..errors import MarftError, RecordError
 from . import tables as t
 from .engines import short_error, sqlite_run, write_sql
-from .rows import Rows
+from .rows import Rows, reward_row
+
+if TYPE_CHECKING:
+    from ..schema import Reward
 
 
 class WriteTransactions:
@@ -81,3 +84,23 @@ class WriteTransactions:
         """SELECT of a stored episode's id and counts, locking its row on PostgreSQL."""
         q = sa.select(t.episodes.c.id, t.episodes.c.n_actions, t.episodes.c.n_rewards).where(t.episodes.c.id == episode_id)
         return q.with_for_update() if self.is_postgres else q
+
+    def insert_reward(self, conn: sa.Connection, episode_id: str, reward: Reward) -> None:
+        """A late reward on a stored episode (its agent or action must be stored too; else RecordError)."""
+        name = f"episode {episode_id}"
+        row = conn.execute(self.lock_episode(episode_id)).first()
+        if row is None:
+            raise RecordError(name, None, "no such episode in the store")
+        if reward.agent is not None:
+            known = conn.execute(sa.select(t.episode_agents.c.agent).where(
+                t.episode_agents.c.episode_id == episode_id, t.episode_agents.c.agent == reward.agent)).first()
+            if known is None:
+                raise RecordError(name, "reward.agent", f"unknown agent {reward.agent!r}")
+        if reward.action_id is not None:
+            known = conn.execute(sa.select(t.actions.c.seq).where(
+                t.actions.c.episode_id == episode_id, t.actions.c.id == reward.action_id)).first()
+            if known is None:
+                raise RecordError(name, "reward.action_id", f"unknown action id {reward.action_id!r}")
+        self.insert(conn, t.rewards, [reward_row(episode_id, row.n_rewards, reward)])
+        conn.execute(t.episodes.update().where(t.episodes.c.id == episode_id).values(n_rewards=row.n_rewards + 1))
+        self.log_change(conn, episode_id, "reward")

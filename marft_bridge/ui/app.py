@@ -96,18 +96,16 @@ def create_app(store, *, registry: str | Path | None = None, runs: list[str | Pa
     async def bad_request(_request, exc: MarftError):
         return error(400, str(exc))
 
+    @app.exception_handler(EpisodeNotFound)
+    async def not_found(_request, exc: EpisodeNotFound):  # also EpisodeUnreadable: says it was moved aside
+        return error(404, str(exc))
+
     @app.exception_handler(ValueError)
     async def bad_value(_request, exc: ValueError):
         return error(400, f"bad parameter: {exc}")
 
     def page_params(request: Request) -> dict[str, str]:
         return dict(request.query_params)
-
-    def load(episode_id: str):
-        try:
-            return index.episode(episode_id)
-        except EpisodeNotFound:
-            return None
 
     @app.get("/")
     def page():
@@ -140,23 +138,19 @@ def create_app(store, *, registry: str | Path | None = None, runs: list[str | Pa
     def dead_letters(limit: int = 50):
         if not 1 <= limit <= 200:
             raise MarftError("limit must be 1..200")
-        return {"items": [d.model_dump(mode="json") | {"raw": (d.raw or "")[:2000]} for d in store.dead_letters(limit)]}
+        return {"items": [d.model_dump(mode="json") for d in store.dead_letters(limit, raw_chars=2000)]}
 
     @app.get("/api/episodes/{episode_id}")
     def episode(episode_id: str):
-        ep = load(episode_id)
-        return error(404, f"no episode {episode_id!r}") if ep is None else episode_view(ep)
+        return episode_view(index.episode(episode_id))
 
     @app.get("/api/episodes/{episode_id}/actions")
     def actions(episode_id: str, request: Request):
-        ep = load(episode_id)
-        return error(404, f"no episode {episode_id!r}") if ep is None else action_page(ep, page_params(request))
+        return action_page(index.episode(episode_id), page_params(request))
 
     @app.get("/api/episodes/{episode_id}/actions/{action_id}")
     def action(episode_id: str, action_id: str):
-        ep = load(episode_id)
-        if ep is None:
-            return error(404, f"no episode {episode_id!r}")
+        ep = index.episode(episode_id)
         try:
             return action_view(ep, action_id, decode)
         except KeyError:
@@ -164,9 +158,7 @@ def create_app(store, *, registry: str | Path | None = None, runs: list[str | Pa
 
     @app.get("/api/episodes/{episode_id}/export")
     def export(episode_id: str):
-        ep = load(episode_id)
-        if ep is None:
-            return error(404, f"no episode {episode_id!r}")
+        ep = index.episode(episode_id)
         safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in episode_id)[:80]
         return Response(ep.to_json(), media_type="application/json",
                         headers={"Content-Disposition": f'attachment; filename="episode-{safe}.json"'})

@@ -5,7 +5,11 @@ value, adapter version, status, errors and task text, and counts per agent and v
 viewer keeps one small summary per episode in memory, built once from the store and kept current
 through the store's change log (``changed_since``), which is also what makes new episodes appear
 in the browser without a reload. Whole episodes are loaded only when one is opened (a few are
-cached, so clicking through a 10k-action episode does not reload it).
+cached, so clicking through a 10k-action episode does not reload it). A stored episode that cannot
+be read back is skipped by the store (and moved to its dead letters); the list says how many.
+
+Actions are named by their index in the episode (``#k``) beside their ids: captured ids are
+time-ordered, so ids made in the same minute share their first digits.
 """
 
 from __future__ import annotations
@@ -232,7 +236,12 @@ class EpisodeIndex:
         }
         return {"total": len(rows), "offset": offset, "limit": limit, "cursor": self.cursor, "indexing": self.progress(),
                 "items": rows[offset:offset + limit], "counts": counts, "choices": choices,
-                "stored": len(everything)}
+                "stored": len(everything), "unreadable": self.unreadable()}
+
+    def unreadable(self) -> dict[str, int]:
+        """Stored episodes that could not be read back: ``quarantined`` (moved to the dead letters,
+        ever) and ``skipped`` (by this viewer's reads, moved or, on a read-only store, not)."""
+        return {"quarantined": self.store.quarantined(), "skipped": self.store.unreadable_skipped}
 
     def served(self) -> dict[str, dict]:
         """Per adapter version label: how many captured episodes it served and their mean reward."""
@@ -265,6 +274,7 @@ def credited(ep: Episode) -> list[dict]:
     last_step = max((a.step for a in ep.actions), default=0)
     sinks = [a for a in ep.actions if a.step == last_step and a.id not in needed]
     finals = [a.id for a in sinks if a.kind in ("llm", "message")] or [a.id for a in sinks]
+    pos = {a.id: k for k, a in enumerate(ep.actions)}
     out = []
     for r in ep.rewards:
         if r.action_id is not None:
@@ -282,7 +292,7 @@ def credited(ep: Episode) -> list[dict]:
                 seen.add(aid)
                 stack.extend(by_id[aid].depends_on)
         out.append({"reward_id": r.id, "value": r.value, "agent": r.agent, "action_id": r.action_id,
-                    "source": r.source, "created_at": _iso(r.created_at),
+                    "action_index": pos.get(r.action_id), "source": r.source, "created_at": _iso(r.created_at),
                     "actions": [a.id for a in ep.actions if a.id in seen]})
     return out
 
@@ -301,9 +311,11 @@ def _label(a: Action) -> str:
     return (a.output.text or a.error or "").strip().replace("\n", " ")[:40]
 
 
-def action_row(k: int, a: Action) -> dict:
+def action_row(k: int, a: Action, pos: dict[str, int]) -> dict:
+    """One action of a list or graph; ``pos`` maps the episode's action ids to their indexes."""
     return {"index": k, "id": a.id, "agent": a.agent, "step": a.step, "kind": a.kind, "label": _label(a),
-            "depends_on": list(a.depends_on), "error": a.error is not None,
+            "depends_on": list(a.depends_on), "depends_on_index": [pos[d] for d in a.depends_on],
+            "error": a.error is not None,
             "policy": version_label(a.policy.name, a.policy.version) if a.policy else None}
 
 
@@ -318,10 +330,11 @@ def graph(ep: Episode) -> dict:
     if not collapsed:
         slot: dict[tuple[int, str], int] = {}
         nodes = []
+        pos = {a.id: k for k, a in enumerate(ep.actions)}
         for k, a in enumerate(ep.actions):
             cell = (a.step, a.agent)
             slot[cell] = slot.get(cell, 0) + 1
-            nodes.append({**action_row(k, a), "col": col[a.step], "lane": lane[a.agent], "slot": slot[cell] - 1})
+            nodes.append({**action_row(k, a, pos), "col": col[a.step], "lane": lane[a.agent], "slot": slot[cell] - 1})
         edges = [{"from": d, "to": a.id} for a in ep.actions for d in dict.fromkeys(a.depends_on)]
         rows = {n: 0 for n in ep.agents}
         for (_, agent), n in slot.items():
@@ -364,16 +377,19 @@ def action_page(ep: Episode, params: dict[str, str]) -> dict:
     agent, step = params.get("agent"), params.get("step")
     rows = [(k, a) for k, a in enumerate(ep.actions)
             if (not agent or a.agent == agent) and (step in (None, "") or str(a.step) == step)]
+    pos = {a.id: k for k, a in enumerate(ep.actions)}
     return {"total": len(rows), "offset": offset, "limit": limit,
-            "items": [action_row(k, a) for k, a in rows[offset:offset + limit]]}
+            "items": [action_row(k, a, pos) for k, a in rows[offset:offset + limit]]}
 
 
 def action_view(ep: Episode, action_id: str, decode=None) -> dict:
     """One action in full (its record as JSON), with its place in D and the rewards crediting it.
     ``decode(ids) -> [text of each id]``, when a tokenizer was given, names the sampled tokens."""
-    k, a = next(((k, a) for k, a in enumerate(ep.actions) if a.id == action_id), (None, None))
-    if a is None:
+    pos = {b.id: j for j, b in enumerate(ep.actions)}
+    k = pos.get(action_id)
+    if k is None:
         raise KeyError(action_id)
+    a = ep.actions[k]
     dependants = [b.id for b in ep.actions if action_id in b.depends_on]
     tokens = None
     if a.output.token_ids is not None:
@@ -383,4 +399,5 @@ def action_view(ep: Episode, action_id: str, decode=None) -> dict:
             for tok, text in zip(tokens, decode(a.output.token_ids)):
                 tok["text"] = text
     return {"index": k, "record": a.model_dump(mode="json"), "dependants": dependants, "tokens": tokens,
+            "indexes": {i: pos[i] for i in [*a.depends_on, *dependants]},
             "rewards": [{k: v for k, v in c.items() if k != "actions"} for c in credited(ep) if action_id in c["actions"]]}

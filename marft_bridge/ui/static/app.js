@@ -29,7 +29,21 @@ async function api(path) {
 
 const fmtTime = (iso) => (iso ? iso.replace("T", " ").replace(/\.\d+/, "").replace("+00:00", "Z") : "");
 const fmtNum = (v) => (v === null || v === undefined ? "–" : Number.isInteger(v) ? String(v) : v.toFixed(4));
-const short = (id) => (id.length > 12 ? id.slice(0, 8) : id);
+// Ids that capture makes are time-ordered (their first digits are the time), so ids made in the same
+// minute share a prefix: a short id is the shortest end (8 characters or more) that no other id of
+// the same list ends with. The full id stays in the link and on hover.
+function shortIds(ids) {
+  const long = [...new Set(ids)].filter((id) => id.length > 16);
+  const out = new Map();
+  for (const id of long) {
+    let n = 8;
+    while (n < id.length && long.some((o) => o !== id && o.endsWith(id.slice(-n)))) n += 1;
+    out.set(id, n < id.length ? `…${id.slice(-n)}` : id);
+  }
+  return (id) => out.get(id) || id;
+}
+// An action within its episode: its index, with the full id on hover.
+const actionRef = (k, id) => h("span", { class: "mono", title: id }, `#${k}`);
 const json = (v) => JSON.stringify(v, null, 2);
 
 function showError(e) {
@@ -96,10 +110,10 @@ function chips(title, counts, filter) {
       : h("span", { class: "muted" }, "none"));
 }
 
-function episodeRow(r) {
+function episodeRow(r, short) {
   const open = () => { location.hash = `#/episode/${encodeURIComponent(r.id)}`; };
   return h("tr", { class: "clickable" + (state.fresh.has(r.id) ? " new" : ""), "data-episode-id": r.id, onclick: open },
-    h("td", { class: "mono" }, h("a", { href: `#/episode/${encodeURIComponent(r.id)}` }, short(r.id))),
+    h("td", { class: "mono" }, h("a", { href: `#/episode/${encodeURIComponent(r.id)}`, title: r.id }, short(r.id))),
     h("td", {}, fmtTime(r.started_at)), h("td", {}, r.source), h("td", {}, r.status),
     h("td", {}, r.agents.join(", ")),
     h("td", {}, String(r.n_actions), " ", h("span", { class: "muted" },
@@ -115,10 +129,11 @@ async function renderEpisodes() {
   const params = new URLSearchParams({ ...state.filters, offset: state.offset, limit: 50 });
   const data = await api(`/api/episodes?${params}`);
   if (state.cursor === null) state.cursor = data.cursor;
+  const short = shortIds(data.items.map((r) => r.id));
   const table = h("table", { id: "episodes" },
     h("thead", {}, h("tr", {}, ["id", "started", "source", "status", "agents", "actions", "reward", "versions",
       "errors", "task"].map((c) => h("th", {}, c)))),
-    h("tbody", {}, data.items.map(episodeRow)));
+    h("tbody", {}, data.items.map((r) => episodeRow(r, short))));
   const pager = h("div", { class: "pager" },
     h("button", { disabled: state.offset === 0, onclick: () => { state.offset = Math.max(0, state.offset - 50); renderEpisodes(); } }, "‹ newer"),
     h("span", { id: "episode-total" }, `${data.total ? data.offset + 1 : 0}–${data.offset + data.items.length} of ${data.total}`,
@@ -137,7 +152,12 @@ async function renderEpisodes() {
   const progress = data.indexing ? h("p", { class: data.indexing.error ? "err" : "muted", id: "indexing" },
     data.indexing.error ? `reading the store stopped: ${data.indexing.error}`
       : `reading the store: ${data.indexing.indexed} of ${data.indexing.total} episodes so far (the list fills in)`) : null;
-  view.replaceChildren(h("h2", {}, "Episodes"), ...(progress ? [progress] : []), filterForm(data.choices),
+  const bad = Math.max(data.unreadable.quarantined, data.unreadable.skipped);
+  const banner = bad ? h("p", { class: "panel err", id: "unreadable", "data-count": bad },
+    `${bad} stored episode(s) could not be read back and are not listed: they were moved to the dead letters ` +
+    "(below; marft traces doctor checks a whole store)") : null;
+  view.replaceChildren(h("h2", {}, "Episodes"), ...(progress ? [progress] : []), ...(banner ? [banner] : []),
+    filterForm(data.choices),
     chips("per agent", data.counts.agents, "agent"), chips("per adapter version", data.counts.versions, "version"),
     chips("per source", data.counts.sources, "source"), table, pager, dead);
 }
@@ -222,7 +242,8 @@ async function showAction(epId, actionId, panel) {
   document.querySelectorAll("#graph .node.selected").forEach((n) => n.classList.remove("selected"));
   const node = document.querySelector(`#graph .node[data-action-id="${CSS.escape(a.id)}"]`);
   if (node) node.classList.add("selected");
-  const link = (id) => h("a", { href: `#/episode/${encodeURIComponent(epId)}?action=${encodeURIComponent(id)}`, class: "mono" }, short(id));
+  const link = (id) => h("a", { href: `#/episode/${encodeURIComponent(epId)}?action=${encodeURIComponent(id)}`, class: "mono",
+    title: id }, `#${d.indexes[id]}`);
   const obs = a.observation || {};
   const tools = obs.tools || [];
   panel.replaceChildren(h("div", {},
@@ -261,7 +282,8 @@ function actionTable(epId, page, onPick, reload) {
     h("table", { id: "actions" }, h("thead", {}, h("tr", {}, ["#", "agent", "step", "kind", "policy", "depends on", "what"].map((c) => h("th", {}, c)))),
       h("tbody", {}, page.items.map((r) => h("tr", { class: "clickable", "data-action-id": r.id, onclick: () => onPick(r.id) },
         h("td", {}, r.index), h("td", {}, r.agent), h("td", {}, r.step), h("td", {}, r.kind), h("td", { class: "mono" }, r.policy || ""),
-        h("td", { class: "mono" }, r.depends_on.map(short).join(" ")), h("td", { class: r.error ? "err" : "" }, r.label))))),
+        h("td", { class: "mono" }, r.depends_on.map((x, i) => [i ? " " : "", actionRef(r.depends_on_index[i], x)]).flat()),
+        h("td", { class: r.error ? "err" : "" }, r.label))))),
     h("div", { class: "pager" },
       h("button", { disabled: page.offset === 0, onclick: () => reload(Math.max(0, page.offset - page.limit)) }, "‹ prev"),
       h("span", {}, `${page.total ? page.offset + 1 : 0}–${page.offset + page.items.length} of ${page.total} actions`),
@@ -289,7 +311,7 @@ async function renderEpisode(id, actionId) {
   const rewards = e.credited.length ? h("table", { id: "rewards" },
     h("tr", {}, ["value", "for", "source", "time", "credits"].map((c) => h("th", {}, c))),
     e.credited.map((r) => h("tr", { class: "clickable", title: "highlight the path this reward credits", onclick: () => draw(new Set(r.actions)) },
-      h("td", {}, fmtNum(r.value)), h("td", {}, r.action_id ? `action ${short(r.action_id)}` : r.agent ? `agent ${r.agent}` : "team"),
+      h("td", {}, fmtNum(r.value)), h("td", {}, r.action_id ? ["action ", actionRef(r.action_index, r.action_id)] : r.agent ? `agent ${r.agent}` : "team"),
       h("td", {}, r.source), h("td", {}, fmtTime(r.created_at)), h("td", {}, `${r.actions.length} actions`))))
     : h("p", { class: "muted" }, "no rewards");
   view.replaceChildren(

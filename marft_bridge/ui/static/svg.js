@@ -64,9 +64,10 @@ function drawGraph(graph, credited, onPick) {
       "text-anchor": "middle" }, `step ${s}`));
   });
 
-  const pos = {};
+  const pos = {}, index = {};
   for (const n of graph.nodes) {
     pos[n.id] = { x: G.left + n.col * G.colW, y: laneTop[n.lane] + n.slot * G.rowH, col: n.col };
+    index[n.id] = n.index;
   }
   const edges = svgEl("g", { class: "edges" });
   for (const e of graph.edges) {
@@ -84,7 +85,8 @@ function drawGraph(graph, credited, onPick) {
     const on = credited.has(e.from) && credited.has(e.to);
     const path = svgEl("path", { class: "edge" + (on ? " credited" : ""), d, "marker-end": "url(#arrow)",
       "data-from": e.from, "data-to": e.to, "data-count": e.count || 1 });
-    path.appendChild(svgEl("title", {}, e.count ? `${e.count} dependencies` : `${e.from} → ${e.to}`));
+    path.appendChild(svgEl("title", {}, e.count ? `${e.count} dependencies`
+      : `#${index[e.from]} → #${index[e.to]} (${e.from} → ${e.to})`));
     edges.appendChild(path);
   }
   svg.appendChild(edges);
