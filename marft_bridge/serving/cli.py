@@ -177,10 +177,11 @@ def _publisher(args):
 def _adapter(reg, name: str, *, new: bool = False) -> str:
     """The registry's adapter for ``name``: the adapter itself, or an agent path's registry-safe name.
     A name the registry does not hold is refused listing the ones it does, unless publishing (``new``)."""
-    from ..schema import ADAPTER_NAME, agent_adapter_name
+    from ..adapter_names import agent_adapter_name
+    from ..registry_state import is_agent_name
 
     known = reg.agents()
-    if name in known or (new and ADAPTER_NAME.match(name) and ".." not in name):
+    if name in known or (new and is_agent_name(name)):
         return name
     mapped = agent_adapter_name(name)
     if mapped in known or new:

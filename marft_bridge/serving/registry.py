@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from ..registry_state import AGENT_NAME, STATE_FILE
+from ..registry_state import AGENT_NAME, STATE_FILE, is_agent_name
 from ..registry_state import read_state_file as read_state
 from .adapter_files import CONFIG_FILE, WEIGHTS_FILE, AdapterError, base_fingerprint, find_adapter_dir, inspect_adapter
 
@@ -61,7 +61,7 @@ class AdapterVersion(BaseModel):
 
 
 def check_agent_name(agent: str) -> str:
-    if not isinstance(agent, str) or not AGENT_NAME.match(agent) or ".." in agent:
+    if not is_agent_name(agent):
         raise AdapterError(f"invalid agent name {agent!r}: use letters, digits, '_', '-', '.' (at most 64)")
     return agent
 
