@@ -166,10 +166,10 @@ class AdapterRegistry:
                 raise AdapterError(f"{entry} links to {target}, outside the registry {self.root}; refusing to load it")
         return rel.parts[0], int(m.group(1))
 
-    def check_weights(self, version_dir: str | Path, data: bytes) -> None:
+    def check_weights(self, version_dir: str | Path, data: bytes, manifest: AdapterManifest | None = None) -> None:
         """Refuse weights (the bytes about to be loaded) that differ from what was published: the
-        version's manifest keeps their sha256."""
-        manifest = read_manifest(version_dir)
+        version's manifest (read here unless the caller has it) keeps their sha256."""
+        manifest = manifest or read_manifest(version_dir)
         if hashlib.sha256(data).hexdigest() != manifest.sha256:
             raise AdapterError(f"{version_dir}: {WEIGHTS_FILE} does not match the sha256 in its {MANIFEST_FILE} "
                                "(changed after it was published); refusing to load it")
