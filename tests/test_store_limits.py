@@ -424,6 +424,34 @@ def test_an_oversized_jsonl_line_is_refused_unread_with_bounded_memory(tmp_path)
         assert {e.id for e in store.episodes()} == {"g0", "g1"}
 
 
+def test_the_trainer_source_and_adapters_map_read_no_line_past_the_record_limit(tmp_path, monkeypatch, capsys,
+                                                                                 fresh_defaults):
+    from marft_bridge.trainers.sources import read_jsonl
+
+    monkeypatch.setenv("MARFT_MAX_RECORD_BYTES", str(2**20))  # files read without a store: the defaults
+    src = tmp_path / "eps.jsonl"
+    with open(src, "wb") as f:
+        f.write(good_episode(0).model_dump_json().encode() + b"\n")
+        f.write(b'{"id": "huge", "task": "' + b"x" * (48 * 2**20) + b'"}\n')
+        f.write(b'{"id": "\xff"}\n')  # bytes that are not UTF-8 text
+        f.write(good_episode(1).model_dump_json().encode() + b"\n")
+
+    def peak_of(fn):
+        tracemalloc.start()
+        try:
+            return fn(), tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    (episodes, bad), peak = peak_of(lambda: read_jsonl(src))
+    assert [e.id for e in episodes] == ["g0", "g1"] and bad == 2  # the long line and the bytes, skipped
+    assert peak < 8 * 2**20, f"the trainer's source peaked at {peak / 2**20:.1f} MiB with a 1 MiB record limit"
+    rc, peak = peak_of(lambda: marft(["adapters", "map", "--registry", str(tmp_path / "reg"), "--episodes", str(src)]))
+    err = capsys.readouterr().err
+    assert rc == 1 and f"{src} line 2" in err and "over the 1,048,576-byte limit of one record" in err
+    assert peak < 8 * 2**20, f"adapters map peaked at {peak / 2**20:.1f} MiB with a 1 MiB record limit"
+
+
 def test_an_oversized_parquet_episode_is_refused_with_bounded_memory(tmp_path):
     text = "y" * 50_000
     big = Episode(id="big", actions=[Action(id=f"b{k}", agent="planner", output={"text": text}) for k in range(400)])
