@@ -20,6 +20,10 @@ back (pydantic's JSON parser stops at 200 levels), and one huge line is read who
 Defaults come from the environment when set (``MARFT_MAX_JSON_DEPTH``, ``MARFT_MAX_FIELD_BYTES``,
 ``MARFT_MAX_RECORD_BYTES``); ``TraceStore.open(url, limits=RecordLimits(...))`` overrides them for
 one store. Validation with no store (``Episode(...)``, ``parse_episode``) uses the defaults.
+
+The record model checks each field (``first_over_limits``); the store, which serializes every
+record anyway, first judges the records from that JSON (``record_within``), the same limits at
+less cost on the capture path.
 """
 
 from __future__ import annotations
@@ -134,6 +138,17 @@ def first_over_limits(fields: list[tuple[str, Any]], limits: RecordLimits) -> tu
         if value and (reason := over_limits(value, limits)):
             return name, reason
     return None
+
+
+def record_within(record: Any, text: bytes, limits: RecordLimits) -> bool:
+    """Whether the free-form fields of ``record`` (its ``limited_fields()``) are within ``limits``,
+    judged first from ``text``, the record's JSON as pydantic-core writes it: each field is written
+    there as ``to_json`` writes it, one level inside at least, so a text within ``max_field_bytes``
+    with no more than ``max_depth + 1`` brackets in all clears them without a look at them. Else
+    they are judged as the record model judges them (``first_over_limits``)."""
+    if len(text) <= limits.max_field_bytes and text.count(b"{") + text.count(b"[") <= limits.max_depth + 1:
+        return True
+    return first_over_limits(record.limited_fields(), limits) is None
 
 
 def _depth_within(text: bytes, max_depth: int) -> bool:

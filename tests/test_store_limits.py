@@ -133,6 +133,54 @@ def test_the_walk_is_iterative_and_exact_at_the_edges():
     assert first_over_limits([("a", {"x": 1}), ("b", nested(65)), ("c", nested(99))], limits)[0] == "b"
 
 
+# Where each free-form field sits in a record: a record holding a value there, the path to the value
+# in the record's JSON, and the levels the field's own shape adds around it.
+PLACES = {
+    "task": (lambda v: {"task": v}, "task", 0),
+    "metadata": (lambda v: {"metadata": {"x": v}}, "metadata.x", 1),
+    "actions.0.metadata": (lambda v: {"actions": [{"agent": "p", "metadata": {"x": v}}]}, "actions.0.metadata.x", 1),
+    "actions.0.output.tool_calls": (lambda v: {"actions": [{"agent": "p", "output": {"tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": v}}]}}]},
+        "actions.0.output.tool_calls.0.function.arguments", 3),
+    "actions.0.observation.tools": (lambda v: {"actions": [{"agent": "p", "observation": {"tools": [
+        {"type": "function", "function": {"name": "f", "parameters": v}}]}}]},
+        "actions.0.observation.tools.0.function.parameters", 3),
+    "rewards.0.metadata": (lambda v: {"rewards": [{"value": 1.0, "metadata": {"x": v}}]}, "rewards.0.metadata.x", 1),
+}
+
+
+def at(data: Any, path: str) -> Any:
+    for part in path.split("."):
+        data = data[int(part)] if part.isdigit() else data[part]
+    return data
+
+
+@pytest.mark.parametrize("field", sorted(PLACES))
+def test_the_store_holds_each_free_form_field_to_the_limits_exactly(tmp_path, field):
+    shape, path, around = PLACES[field]
+    depth = 8 - around  # what a value there may nest, with 8 levels allowed
+    # At the limit, wide (more brackets than levels) and with brackets inside its strings.
+    wide = [nested(depth - 1)] * 12 + ["]]]}}}[[{{" * 3, {"k": '"\\]"'}]
+    with TraceStore.open(tmp_path / "t.db", limits={"max_depth": 8, "max_field_bytes": 4096}) as store:
+        for k, (value, refused) in enumerate([(wide, None), ([nested(depth)], "more than 8 levels"),
+                                              ({"blob": "x" * 4100}, "over the 4,096-byte limit")]):
+            for how in ("add", "submit"):
+                raw = {"id": f"{how}{k}", **shape(value)}
+                if how == "add" and refused:
+                    with pytest.raises(RecordError, match=refused) as e:
+                        store.add_episode(raw)
+                    assert e.value.field == field
+                elif how == "add":
+                    store.add_episode(raw)
+                else:
+                    store.submit(Episode.model_validate(raw, context={"limits": None}))  # queued as JSON
+        store.flush()
+        assert {e.id for e in store.episodes()} == {"add0", "submit0"}
+        assert at(store.get_episode("add0").model_dump(mode="json"), path) == wide
+        assert sorted((d.record, d.field) for d in store.dead_letters()) == sorted(
+            (f"episode {how}{k}", field) for how in ("add", "submit") for k in (1, 2))
+
+
 # -- every entry refuses a deep record, the rest goes on ---------------------------------------------
 
 

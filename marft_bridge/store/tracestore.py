@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from ..errors import MarftError, RecordError
 from ..limits import RecordLimits
-from ..schema import Episode, Reward, parse_episode, record_error
+from ..schema import STORED, Episode, Reward, parse_episode, record_error
 from . import tables as t
 from .engines import NEW_EPISODES, create_engines, normalize_url, short_error
 from .files import export_episodes, import_file
@@ -120,8 +120,7 @@ class TraceStore:
         try:
             data = to_data(episode, self.limits)
             try:
-                ep, err = parse_episode(data, limits=self.limits), None
-                rows = episode_rows(ep, limits=self.limits)
+                (ep, rows), err = self._validated(data), None
             except RecordError as e:
                 # Half of an episode may depend on actions of the stored half: judge the merge.
                 ep, rows, err = None, None, e
@@ -149,10 +148,8 @@ class TraceStore:
         for item in items:
             try:
                 data = _unqueued(item)
-                # JSON (a submitted Episode is queued as JSON) is parsed and validated in one pass in Rust.
-                ep = (Episode.model_validate_json(data, context={"limits": self.limits}) if isinstance(data, (bytes, str))
-                      else parse_episode(to_data(data, self.limits), limits=self.limits))
-                group.append((ep.id, episode_rows(ep, limits=self.limits), item))
+                ep, rows = self._validated(data if isinstance(data, (bytes, str)) else to_data(data, self.limits))
+                group.append((ep.id, rows, item))
             except (RecordError, ValidationError):
                 self._write_group(group)
                 group = []
@@ -162,6 +159,32 @@ class TraceStore:
                 group = []
                 self.dead_letter(RecordError(None, None, f"cannot be read back from the write queue: {e}"), item)
         self._write_group(group)
+
+    def _validated(self, data: dict | bytes | str) -> tuple[Episode, Rows]:
+        """``data`` (a dict, or JSON text, parsed and validated in one pass in Rust: a submitted
+        Episode is queued as JSON) as an Episode and the rows to write; RecordError or pydantic's
+        ValidationError when it is refused.
+
+        The record limits are judged on the rows' JSON, which is written anyway (``Rows.fields_within``):
+        a record's text with few brackets clears its free-form fields without serializing them
+        again. An episode past a limit, or whose rows cannot be made, is validated again with the
+        limits checked by the record model, so it is refused as validation without a store refuses
+        it, naming the field. (One that breaks an invariant is refused for that at once: a half
+        that needs its stored half is validated once, as before.)"""
+        def validate(check_fields: bool) -> Episode:
+            if isinstance(data, dict):
+                return parse_episode(data, limits=self.limits, check_fields=check_fields)
+            return Episode.model_validate_json(data, context={"limits": self.limits} if check_fields else STORED)
+
+        ep = validate(False)
+        try:
+            rows = episode_rows(ep, limits=self.limits)
+            if rows.fields_within:
+                return ep, rows
+        except RecordError:  # not JSON, or too big: a field past a limit, if there is one, is the reason
+            pass
+        ep = validate(True)
+        return ep, episode_rows(ep, limits=self.limits)
 
     def _write_group(self, group: list[tuple[str, Rows, Any]]) -> None:
         if not group:
