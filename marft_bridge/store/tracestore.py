@@ -446,13 +446,10 @@ class TraceStore:
     def _quarantine(self, bad: list[Finding]) -> int:
         moved = 0
         for f in bad:
-            done: list[bool] = []
             try:
-                self._writes.retry(lambda conn: done.append(quarantine_tx(conn, self._writes, f.episode_id)))
+                moved += self._writes.retry(lambda conn: quarantine_tx(conn, self._writes, f.episode_id))
             except (MarftError, sa.exc.SQLAlchemyError) as e:
                 log.error("could not move unreadable episode %s to the dead letters: %s", f.episode_id, short_error(e))
-                continue
-            moved += bool(done and done[-1])
         return moved
 
     def doctor(self, *, dry_run: bool = False, progress: Callable[[int, int], None] | None = None) -> DoctorReport:
