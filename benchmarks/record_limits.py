@@ -65,7 +65,7 @@ def validation() -> None:
     limits = RecordLimits()
     ways = {  # one episode as the store prepares it: validated, then its rows serialized
         "off": lambda d: episode_rows(parse_episode(d, check_fields=False)),
-        "field by field": lambda d: episode_rows(parse_episode(d, limits=limits), limits=limits),
+        "field by field": lambda d: episode_rows(parse_episode(d, limits=limits)),  # the record model's check
         "on the rows": lambda d: episode_rows(parse_episode(d, limits=limits, check_fields=False), limits=limits),
     }
     episodes = (("captured 3-action episode", kept.last), ("8-action tool-calling episode", tool_episode()),
