@@ -392,6 +392,13 @@ def test_get_episode_of_an_unreadable_row_says_so_and_moves_it(store, store_url)
         store.add_episode(half)
 
 
+def test_reading_a_list_of_ids_passes_over_an_unreadable_one(store, store_url):
+    hows = spoiled_store(store, store_url, good=2)
+    ids = [f"g{i}" for i in range(len(hows) + 2)][::-1] + ["never-stored", "g0"]
+    assert [e.id for e in store.get_episodes(ids)] == [f"g{len(hows) + 1}", "g0", "g0"]  # in the order asked
+    assert store.stats()["quarantined"] == len(hows) and store.stats()["unreadable_skipped"] == len(hows)
+
+
 def test_doctor_finds_and_quarantines_unreadable_rows(store, store_url, capsys):
     hows = spoiled_store(store, store_url, good=1)
     assert marft(["traces", "doctor", "--dry-run", "--store", store_url]) == 1

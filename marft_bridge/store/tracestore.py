@@ -426,6 +426,17 @@ class TraceStore:
         q = listing([t.episodes.c.id], filter_clauses(source, agent, since, until, has_reward), limit, newest_first)
         with self._reader.connect() as conn:
             ids = list(conn.execute(q).scalars())
+        yield from self._read(ids)
+
+    def get_episodes(self, episode_ids: Iterable[str]) -> list[Episode]:
+        """The stored episodes of ``episode_ids``, in that order: ids not stored are left out, and so
+        are episodes that cannot be read back (moved to the dead letters, as ``episodes()`` moves
+        them), so one bad row never stops a caller that reads a list of ids (``get_episode`` raises
+        for it). Read ``READ_CHUNK`` at a time, not one query per id."""
+        self._check_open()
+        return list(self._read(list(episode_ids)))
+
+    def _read(self, ids: list[str]) -> Iterator[Episode]:
         for i in range(0, len(ids), READ_CHUNK):
             chunk = ids[i : i + READ_CHUNK]
             with self._reader.connect() as conn:
