@@ -14,6 +14,7 @@ from .errors import MarftError
 COMMAND_MODULES = [
     "marft_bridge.store.cli",
     "marft_bridge.serving.cli",
+    "marft_bridge.serving.vllm_cli",
     "marft_bridge.trainers.cli",
     "marft_bridge.commands",
     "marft_bridge.ui.cli",

@@ -29,6 +29,7 @@ _EXPORTS = {
     "InProcessPublisher": ".publishers",
     "ServerProcess": ".process",
     "free_port": ".process",
+    "VLLMServer": ".vllm_server",
 }
 
 __all__ = sorted(_EXPORTS)

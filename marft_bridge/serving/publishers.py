@@ -1,8 +1,9 @@
 """Publishers put an adapter version in front of live traffic, behind one interface:
 
 - ``EmbeddedServerPublisher``: a ``marft serve`` process, over HTTP.
-- ``VLLMPublisher``: a vLLM OpenAI server with multi-LoRA. Launch it with
-  ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 vllm serve BASE --enable-lora --max-loras N --max-lora-rank R``;
+- ``VLLMPublisher``: a vLLM OpenAI server with multi-LoRA. Launch it with ``marft vllm serve`` (or
+  ``VLLMServer``), or ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 vllm serve BASE --enable-lora --max-loras N
+  --max-lora-rank R``;
   every version is loaded from its own registry directory (vLLM does not notice changed weights
   under a path it already loaded), and the registry path must be readable by the vLLM process.
   vLLM's responses do not say which version answered: capture reads it from the same registry
@@ -63,8 +64,12 @@ class _HTTPPublisher(Publisher):
                 message = r.json()["error"]["message"]
             except Exception:  # noqa: BLE001 - vLLM and proxies answer in other shapes
                 message = r.text.strip()[:500]
-            cls = AdapterError if r.status_code in (400, 404) else MarftError
+            cls = AdapterError if self._refused(endpoint, r.status_code, message) else MarftError
             raise cls(f"{endpoint} refused by {self.url} (HTTP {r.status_code}): {message}")
+
+    def _refused(self, endpoint: str, status: int, message: str) -> bool:
+        """Whether an error answer refuses the adapter (``AdapterError``) rather than reports a fault."""
+        return status in (400, 404)
 
     def load(self, name: str, path: str | Path, *, version: int | None = None) -> None:
         self._post("load_lora_adapter", {"lora_name": name, "lora_path": str(path), "load_inplace": True})
@@ -78,7 +83,16 @@ class EmbeddedServerPublisher(_HTTPPublisher):
 
 
 class VLLMPublisher(_HTTPPublisher):
-    """A vLLM server started with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``."""
+    """A vLLM server started with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``
+    (``VLLMServer`` / ``marft vllm serve`` start one so).
+
+    vLLM answers an adapter its worker cannot load (corrupt weights, a rank above
+    ``--max-lora-rank``) with HTTP 500 "Call to add_lora method failed: ..." and keeps serving the
+    old one: that is a refusal too, raised as ``AdapterError`` like its 400s and 404s."""
+
+    def _refused(self, endpoint: str, status: int, message: str) -> bool:
+        return super()._refused(endpoint, status, message) or (
+            endpoint == "load_lora_adapter" and status == 500 and "add_lora" in message)
 
 
 class InProcessPublisher(Publisher):
