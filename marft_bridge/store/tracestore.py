@@ -161,16 +161,11 @@ class TraceStore:
         self._write_group(group)
 
     def _validated(self, data: dict | bytes | str) -> tuple[Episode, Rows]:
-        """``data`` (a dict, or JSON text, parsed and validated in one pass in Rust: a submitted
-        Episode is queued as JSON) as an Episode and the rows to write; RecordError or pydantic's
-        ValidationError when it is refused.
-
-        The record limits are judged on the rows' JSON, which is written anyway (``Rows.fields_within``):
-        a record's text with few brackets clears its free-form fields without serializing them
-        again. An episode past a limit, or whose rows cannot be made, is validated again with the
-        limits checked by the record model, so it is refused as validation without a store refuses
-        it, naming the field. (One that breaks an invariant is refused for that at once: a half
-        that needs its stored half is validated once, as before.)"""
+        """``data`` (a dict, or JSON text: a submitted Episode is queued as JSON, parsed and validated
+        in one pass in Rust) as an Episode and its rows; RecordError or ValidationError if refused.
+        The record limits are judged on the rows' JSON (``Rows.fields_within``); an episode past one,
+        or whose rows cannot be made, is validated again by the record model, so it is refused as
+        without a store, naming the field. One that breaks an invariant is refused at once."""
         def validate(check_fields: bool) -> Episode:
             if isinstance(data, dict):
                 return parse_episode(data, limits=self.limits, check_fields=check_fields)
