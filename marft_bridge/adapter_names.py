@@ -12,6 +12,8 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from .errors import MarftError
+from .registry_state import AGENT_NAME as ADAPTER_NAME  # noqa: F401 - the registry's pattern, re-exported
+from .registry_state import is_agent_name
 
 
 class RecordedPolicy(Protocol):
@@ -28,11 +30,6 @@ class RecordedAction(Protocol):
 
 class RecordedEpisode(Protocol):
     actions: Sequence[RecordedAction]
-
-
-# Adapter names the registry and vLLM accept (serving.registry checks the same pattern, and no "..").
-# ``\Z``, not ``$``: ``$`` also matches before a final newline, and "planner\n" is not "planner".
-ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
 
 def agent_adapter_name(agent: str) -> str:
@@ -59,7 +56,7 @@ def adapter_name(action: RecordedAction) -> str:
     not); else the agent's registry-safe name (``agent_adapter_name``).
     """
     name = action.policy.name if action.policy is not None else None
-    if name and ADAPTER_NAME.match(name) and ".." not in name:
+    if name and is_agent_name(name):
         return name
     return agent_adapter_name(action.agent)
 

@@ -20,6 +20,10 @@ back (pydantic's JSON parser stops at 200 levels), and one huge line is read who
 Defaults come from the environment when set (``MARFT_MAX_JSON_DEPTH``, ``MARFT_MAX_FIELD_BYTES``,
 ``MARFT_MAX_RECORD_BYTES``); ``TraceStore.open(url, limits=RecordLimits(...))`` overrides them for
 one store. Validation with no store (``Episode(...)``, ``parse_episode``) uses the defaults.
+
+The record model checks each field (``first_over_limits``); the store, which serializes every
+record anyway, first judges the records from that JSON (``record_within``), the same limits at
+less cost on the capture path.
 """
 
 from __future__ import annotations
@@ -37,9 +41,9 @@ from .errors import MarftError
 ENV = {"max_depth": "MARFT_MAX_JSON_DEPTH", "max_field_bytes": "MARFT_MAX_FIELD_BYTES",
        "max_record_bytes": "MARFT_MAX_RECORD_BYTES"}
 _SCALAR_BYTES = 8  # a number, true/false/null or an object that is not JSON: about this much text
-_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"')  # a JSON string (to_json escapes quotes and backslashes)
-_NOT_BRACKET = bytes(sorted(set(range(256)) - set(b"{}[]")))
-_INNERMOST = re.compile(rb"\{\}|\[\]")
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)  # in JSON text only inside strings
+_NOT_QUOTE_OR_BRACKET = bytes(sorted(set(range(256)) - set(b'"{}[]')))
+_AS_SQUARE = bytes.maketrans(b"{}", b"[]")  # depth does not depend on the kind of container
 
 
 class RecordLimits(BaseModel):
@@ -95,8 +99,7 @@ def over_limits(value: Any, limits: RecordLimits) -> str | None:
     The walk is iterative (no recursion: a value nested 100,000 levels deep, or one that contains
     itself, is judged without a RecursionError) and stops at the first level or byte past a limit.
     It runs for every record written, so the common case is C and Rust: the value's JSON text
-    (pydantic-core) gives its size, and its depth when it holds few containers; else the brackets
-    outside strings are peeled, innermost pairs first, one level a pass. What has no JSON text
+    (pydantic-core) gives its size and its depth (``_depth_within``). What has no JSON text
     (objects that are not JSON, a value containing itself, one too deep to serialize) is walked.
     """
     cap = limits.max_field_bytes
@@ -112,21 +115,15 @@ def over_limits(value: Any, limits: RecordLimits) -> str | None:
         return _walk(value, limits)
     if len(text) > cap:
         return _too_big(len(text), limits)
-    if text.count(b"{") + text.count(b"[") <= limits.max_depth:
-        return None
-    brackets = _STRING.sub(b"", text).translate(None, _NOT_BRACKET)
-    for _ in range(limits.max_depth):
-        brackets = _INNERMOST.sub(b"", brackets)
-        if not brackets:
-            return None
-    return _deeper(limits)
+    return None if _depth_within(text, limits.max_depth) else _deeper(limits)
 
 
 def first_over_limits(fields: list[tuple[str, Any]], limits: RecordLimits) -> tuple[str, str] | None:
     """(field, reason) of the first of ``fields`` (name, value) past ``limits``, or None.
 
-    The fields of one record are judged together first (one JSON text: within the limits as a
-    whole is within them one by one); only when that is not clear is each judged on its own.
+    The fields of one record are judged together first, from one JSON text of them all: within the
+    byte limit as a whole is within it one by one, and the list around them adds one level. Only
+    when that is not clear is each judged on its own (to name the one past a limit).
     """
     values = [v for _, v in fields if v]
     if not values:
@@ -135,13 +132,48 @@ def first_over_limits(fields: list[tuple[str, Any]], limits: RecordLimits) -> tu
         text = to_json(values)
     except Exception:  # noqa: BLE001 - no JSON text: each is judged on its own below
         text = None
-    if text is not None and len(text) <= limits.max_field_bytes and \
-            text.count(b"{") + text.count(b"[") - 1 <= limits.max_depth:  # - 1: the list around them
+    if text is not None and len(text) <= limits.max_field_bytes and _depth_within(text, limits.max_depth + 1):
         return None
     for name, value in fields:
         if value and (reason := over_limits(value, limits)):
             return name, reason
     return None
+
+
+def record_within(record: Any, text: bytes, limits: RecordLimits) -> bool:
+    """Whether the free-form fields of ``record`` (its ``limited_fields()``) are within ``limits``,
+    judged first from ``text``, the record's JSON as pydantic-core writes it: each field is written
+    there as ``to_json`` writes it, one level inside at least, so a text within ``max_field_bytes``
+    with no more than ``max_depth + 1`` brackets in all clears them without a look at them. Else
+    they are judged as the record model judges them (``first_over_limits``)."""
+    if len(text) <= limits.max_field_bytes and text.count(b"{") + text.count(b"[") <= limits.max_depth + 1:
+        return True
+    return first_over_limits(record.limited_fields(), limits) is None
+
+
+def _depth_within(text: bytes, max_depth: int) -> bool:
+    """Whether JSON ``text`` (as ``to_json`` writes it) nests containers at most ``max_depth`` deep.
+
+    Few brackets in all decide it at once. Else the brackets outside strings are peeled, innermost
+    pairs first, one level a pass; every step is one scan of bytes in C. To find them: every escape
+    (a backslash and the character after it) is dropped, so each quote left opens or closes a
+    string; then all but quotes and brackets; then two quotes side by side (an empty string, or
+    the end of one and the start of the next: no bracket between them is structure); then what
+    lies between the quotes that are left.
+    """
+    if text.count(b"{") + text.count(b"[") <= max_depth:
+        return True
+    if b"\\" in text:
+        text = _ESCAPE.sub(b"", text)
+    marks = text.translate(None, _NOT_QUOTE_OR_BRACKET).replace(b'""', b"")
+    if b'"' in marks:
+        marks = b"".join(marks.split(b'"')[::2])
+    brackets = marks.translate(_AS_SQUARE)
+    for _ in range(max_depth):
+        if not brackets:
+            return True
+        brackets = brackets.replace(b"[]", b"")  # the pairs that hold nothing now: one level
+    return not brackets
 
 
 def _deeper(limits: RecordLimits) -> str:

@@ -20,13 +20,20 @@ from pathlib import Path
 from typing import Any
 
 STATE_FILE = "state.json"
-# ``\Z``, not ``$``: ``$`` also matches before a final newline, and "planner\n" is not "planner".
+# Adapter (agent) names the registry holds and vLLM serves; the one definition (``adapter_names``
+# re-exports it as ADAPTER_NAME). ``\Z``, not ``$``: ``$`` also matches before a final newline, and
+# "planner\n" is not "planner".
 AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+
+
+def is_agent_name(name: Any) -> bool:
+    """Whether ``name`` is one the registry can hold: ``AGENT_NAME``, matched whole, and no ``..``."""
+    return isinstance(name, str) and AGENT_NAME.match(name) is not None and ".." not in name
 
 
 def state_path(root: str | os.PathLike, agent: str) -> Path | None:
     """Where ``agent``'s state file lives; None for a name the registry cannot hold."""
-    if not isinstance(agent, str) or not AGENT_NAME.match(agent) or ".." in agent:
+    if not is_agent_name(agent):
         return None
     return Path(root) / agent / STATE_FILE
 
@@ -99,4 +106,5 @@ def live_versions(registry: Any) -> Any:
         return hit
 
 
-__all__ = ["AGENT_NAME", "STATE_FILE", "LiveVersions", "live_versions", "read_state_file", "state_path"]
+__all__ = ["AGENT_NAME", "STATE_FILE", "LiveVersions", "is_agent_name", "live_versions", "read_state_file",
+           "state_path"]

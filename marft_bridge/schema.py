@@ -225,14 +225,18 @@ class Action(_Record):
             self.token_source = "server" if self.output.token_ids is not None else "retokenize"
         return self
 
+    def limited_fields(self) -> list[tuple[str, Any]]:
+        """(field, value) of the free-form JSON the record limits bound (``limits.RecordLimits``)."""
+        obs = self.observation
+        return [("metadata", self.metadata), ("output.tool_calls", self.output.tool_calls),
+                ("observation.tools", obs.tools), ("observation.tool_choice", obs.tool_choice),
+                *((f"observation.messages.{k}.tool_calls", m.tool_calls)
+                  for k, m in enumerate(obs.messages) if m.tool_calls)]
+
     @model_validator(mode="after")
     def _within_limits(self, info: ValidationInfo) -> Action:
         if (limits := _limits(info)) is not None:
-            obs = self.observation
-            _within(limits, [("metadata", self.metadata), ("output.tool_calls", self.output.tool_calls),
-                             ("observation.tools", obs.tools), ("observation.tool_choice", obs.tool_choice),
-                             *((f"observation.messages.{k}.tool_calls", m.tool_calls)
-                               for k, m in enumerate(obs.messages) if m.tool_calls)])
+            _within(limits, self.limited_fields())
         return self
 
 
@@ -254,10 +258,14 @@ class Reward(_Record):
             raise ValueError(f"reward is {v}; rewards must be finite")
         return v
 
+    def limited_fields(self) -> list[tuple[str, Any]]:
+        """(field, value) of the free-form JSON the record limits bound (``limits.RecordLimits``)."""
+        return [("metadata", self.metadata)]
+
     @model_validator(mode="after")
     def _within_limits(self, info: ValidationInfo) -> Reward:
         if (limits := _limits(info)) is not None:
-            _within(limits, [("metadata", self.metadata)])
+            _within(limits, self.limited_fields())
         return self
 
 
@@ -289,10 +297,15 @@ class Episode(_Record):
             )
         return v
 
+    def limited_fields(self) -> list[tuple[str, Any]]:
+        """(field, value) of the episode's own free-form JSON the record limits bound (its actions'
+        and rewards' are theirs)."""
+        return [("task", self.task), ("metadata", self.metadata)]
+
     @model_validator(mode="after")
     def _within_limits(self, info: ValidationInfo) -> Episode:
         if (limits := _limits(info)) is not None:
-            _within(limits, [("task", self.task), ("metadata", self.metadata)])
+            _within(limits, self.limited_fields())
         return self
 
     @model_validator(mode="after")
@@ -517,18 +530,20 @@ def episode_data(data: str | bytes | dict, record: str | None = None, limits: Re
     return data
 
 
-def parse_episode(data: str | bytes | dict, record: str | None = None, limits: RecordLimits | None = None) -> Episode:
+def parse_episode(data: str | bytes | dict, record: str | None = None, limits: RecordLimits | None = None, *,
+                  check_fields: bool = True) -> Episode:
     """Validate raw JSON (text or a decoded dict) into an Episode, or raise RecordError.
 
     ``record`` names the source (for instance ``traces.jsonl line 7``); the episode's own id is
     added when it can be read, so the message names both. ``limits``: RecordLimits (default:
-    ``limits.default_limits()``).
+    ``limits.default_limits()``). ``check_fields=False`` leaves the free-form fields' depth and
+    size to the caller (the store judges them on the rows it writes, ``limits.record_within``).
     """
     data = episode_data(data, record, limits)
     eid = data.get("id")
     name = ", ".join(p for p in (record, f"episode {eid}" if isinstance(eid, str) else None) if p) or None
     try:
-        return Episode.model_validate(data, context={"limits": limits or default_limits()})
+        return Episode.model_validate(data, context={"limits": limits or default_limits()} if check_fields else STORED)
     except ValidationError as e:
         raise record_error(e, name) from None
     except RecursionError:  # a deep value in a typed field: pydantic's own guard is in Rust, this is not

@@ -133,6 +133,54 @@ def test_the_walk_is_iterative_and_exact_at_the_edges():
     assert first_over_limits([("a", {"x": 1}), ("b", nested(65)), ("c", nested(99))], limits)[0] == "b"
 
 
+# Where each free-form field sits in a record: a record holding a value there, the path to the value
+# in the record's JSON, and the levels the field's own shape adds around it.
+PLACES = {
+    "task": (lambda v: {"task": v}, "task", 0),
+    "metadata": (lambda v: {"metadata": {"x": v}}, "metadata.x", 1),
+    "actions.0.metadata": (lambda v: {"actions": [{"agent": "p", "metadata": {"x": v}}]}, "actions.0.metadata.x", 1),
+    "actions.0.output.tool_calls": (lambda v: {"actions": [{"agent": "p", "output": {"tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": v}}]}}]},
+        "actions.0.output.tool_calls.0.function.arguments", 3),
+    "actions.0.observation.tools": (lambda v: {"actions": [{"agent": "p", "observation": {"tools": [
+        {"type": "function", "function": {"name": "f", "parameters": v}}]}}]},
+        "actions.0.observation.tools.0.function.parameters", 3),
+    "rewards.0.metadata": (lambda v: {"rewards": [{"value": 1.0, "metadata": {"x": v}}]}, "rewards.0.metadata.x", 1),
+}
+
+
+def at(data: Any, path: str) -> Any:
+    for part in path.split("."):
+        data = data[int(part)] if part.isdigit() else data[part]
+    return data
+
+
+@pytest.mark.parametrize("field", sorted(PLACES))
+def test_the_store_holds_each_free_form_field_to_the_limits_exactly(tmp_path, field):
+    shape, path, around = PLACES[field]
+    depth = 8 - around  # what a value there may nest, with 8 levels allowed
+    # At the limit, wide (more brackets than levels) and with brackets inside its strings.
+    wide = [nested(depth - 1)] * 12 + ["]]]}}}[[{{" * 3, {"k": '"\\]"'}]
+    with TraceStore.open(tmp_path / "t.db", limits={"max_depth": 8, "max_field_bytes": 4096}) as store:
+        for k, (value, refused) in enumerate([(wide, None), ([nested(depth)], "more than 8 levels"),
+                                              ({"blob": "x" * 4100}, "over the 4,096-byte limit")]):
+            for how in ("add", "submit"):
+                raw = {"id": f"{how}{k}", **shape(value)}
+                if how == "add" and refused:
+                    with pytest.raises(RecordError, match=refused) as e:
+                        store.add_episode(raw)
+                    assert e.value.field == field
+                elif how == "add":
+                    store.add_episode(raw)
+                else:
+                    store.submit(Episode.model_validate(raw, context={"limits": None}))  # queued as JSON
+        store.flush()
+        assert {e.id for e in store.episodes()} == {"add0", "submit0"}
+        assert at(store.get_episode("add0").model_dump(mode="json"), path) == wide
+        assert sorted((d.record, d.field) for d in store.dead_letters()) == sorted(
+            (f"episode {how}{k}", field) for how in ("add", "submit") for k in (1, 2))
+
+
 # -- every entry refuses a deep record, the rest goes on ---------------------------------------------
 
 
@@ -344,6 +392,13 @@ def test_get_episode_of_an_unreadable_row_says_so_and_moves_it(store, store_url)
         store.add_episode(half)
 
 
+def test_reading_a_list_of_ids_passes_over_an_unreadable_one(store, store_url):
+    hows = spoiled_store(store, store_url, good=2)
+    ids = [f"g{i}" for i in range(len(hows) + 2)][::-1] + ["never-stored", "g0"]
+    assert [e.id for e in store.get_episodes(ids)] == [f"g{len(hows) + 1}", "g0", "g0"]  # in the order asked
+    assert store.stats()["quarantined"] == len(hows) and store.stats()["unreadable_skipped"] == len(hows)
+
+
 def test_doctor_finds_and_quarantines_unreadable_rows(store, store_url, capsys):
     hows = spoiled_store(store, store_url, good=1)
     assert marft(["traces", "doctor", "--dry-run", "--store", store_url]) == 1
@@ -422,6 +477,34 @@ def test_an_oversized_jsonl_line_is_refused_unread_with_bounded_memory(tmp_path)
         assert huge.raw.startswith('{"id": "huge", "task": "xxx') and huge.raw.endswith("bytes in all]")
         assert len(huge.raw) < 70_000
         assert {e.id for e in store.episodes()} == {"g0", "g1"}
+
+
+def test_the_trainer_source_and_adapters_map_read_no_line_past_the_record_limit(tmp_path, monkeypatch, capsys,
+                                                                                 fresh_defaults):
+    from marft_bridge.trainers.sources import read_jsonl
+
+    monkeypatch.setenv("MARFT_MAX_RECORD_BYTES", str(2**20))  # files read without a store: the defaults
+    src = tmp_path / "eps.jsonl"
+    with open(src, "wb") as f:
+        f.write(good_episode(0).model_dump_json().encode() + b"\n")
+        f.write(b'{"id": "huge", "task": "' + b"x" * (48 * 2**20) + b'"}\n')
+        f.write(b'{"id": "\xff"}\n')  # bytes that are not UTF-8 text
+        f.write(good_episode(1).model_dump_json().encode() + b"\n")
+
+    def peak_of(fn):
+        tracemalloc.start()
+        try:
+            return fn(), tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    (episodes, bad), peak = peak_of(lambda: read_jsonl(src))
+    assert [e.id for e in episodes] == ["g0", "g1"] and bad == 2  # the long line and the bytes, skipped
+    assert peak < 8 * 2**20, f"the trainer's source peaked at {peak / 2**20:.1f} MiB with a 1 MiB record limit"
+    rc, peak = peak_of(lambda: marft(["adapters", "map", "--registry", str(tmp_path / "reg"), "--episodes", str(src)]))
+    err = capsys.readouterr().err
+    assert rc == 1 and f"{src} line 2" in err and "over the 1,048,576-byte limit of one record" in err
+    assert peak < 8 * 2**20, f"adapters map peaked at {peak / 2**20:.1f} MiB with a 1 MiB record limit"
 
 
 def test_an_oversized_parquet_episode_is_refused_with_bounded_memory(tmp_path):

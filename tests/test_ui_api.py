@@ -366,6 +366,14 @@ def test_bad_ids_are_404(ui):
 # -- runs and adapters -------------------------------------------------------------------------------
 
 
+def test_a_metrics_line_too_deep_to_parse_is_one_unreadable_line(tmp_path):
+    from marft_bridge.ui.files import read_jsonl_tail
+
+    f = tmp_path / "metrics.jsonl"
+    f.write_text('{"update": 1}\n' + "[" * 100_000 + "]" * 100_000 + '\n{"update": 2}\n')
+    assert read_jsonl_tail(f, 10) == ([{"update": 1}, {"update": 2}], 1)
+
+
 def test_runs_series_from_metrics_jsonl(ui):
     c, _, _ = ui
     (run,) = c.get("/api/runs").json()["runs"]

@@ -56,10 +56,9 @@ def find_adapter_dir(source: str | Path, agent: str | None = None) -> Path:
     raise AdapterError(f"{source} holds no {CONFIG_FILE}" + (f" (nor {agent}/{CONFIG_FILE})" if agent else ""))
 
 
-def inspect_adapter(path: str | Path) -> AdapterInfo:
-    """Parse and vet an adapter directory; raise ``AdapterError`` for anything unsafe or inconsistent."""
-    from safetensors import SafetensorError, safe_open
-
+def read_weights(path: str | Path) -> bytes:
+    """The bytes of an adapter directory's weights file; ``AdapterError`` when there is none (naming
+    pickled weights found instead) or it cannot be read."""
     path = Path(path)
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
@@ -70,6 +69,31 @@ def inspect_adapter(path: str | Path) -> AdapterInfo:
                 "(save with save_pretrained(..., safe_serialization=True))"
             )
         raise AdapterError(f"{path}: no {WEIGHTS_FILE}")
+    try:
+        return weights.read_bytes()
+    except OSError as e:
+        raise AdapterError(f"{path}: cannot read {WEIGHTS_FILE} ({e})") from None
+
+
+def load_weights(path: str | Path, data: bytes) -> dict:
+    """The tensors of a weights file's bytes (``read_weights``); ``AdapterError`` when they are not safetensors."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    try:
+        return load(data)
+    except SafetensorError as e:
+        raise AdapterError(f"{path}: {WEIGHTS_FILE} is corrupt ({e})") from None
+
+
+def inspect_adapter(path: str | Path, weights: dict | None = None) -> AdapterInfo:
+    """Parse and vet an adapter directory; raise ``AdapterError`` for anything unsafe or inconsistent.
+
+    ``weights``: its tensors as the caller loaded them (``load_weights``), so what is vetted is what
+    the caller goes on to use; else the weights file is read here.
+    """
+    path = Path(path)
+    data = read_weights(path) if weights is None else None
     try:
         config = json.loads((path / CONFIG_FILE).read_text())
     except FileNotFoundError:
@@ -98,23 +122,18 @@ def inspect_adapter(path: str | Path) -> AdapterInfo:
     if not targets or not all(isinstance(t, str) for t in targets):
         raise AdapterError(f"{path}: target_modules must be a non-empty list of module names")
 
+    if weights is None:
+        weights = load_weights(path, data)
     shapes: dict[str, dict[str, tuple[int, int]]] = {}
-    try:
-        with safe_open(str(weights), framework="pt") as f:
-            for key in f.keys():
-                m = _KEY.match(key)
-                if m is None:
-                    raise AdapterError(f"{path}: unexpected tensor {key!r} (only LoRA A/B weights are accepted)")
-                tensor = f.get_tensor(key)
-                if tensor.dim() != 2:
-                    raise AdapterError(f"{path}: tensor {key} has shape {tuple(tensor.shape)}, expected 2-D")
-                if not bool(tensor.float().isfinite().all()):
-                    raise AdapterError(f"{path}: tensor {key} holds NaN or infinite values")
-                shapes.setdefault(m["module"], {})[m["ab"]] = tuple(tensor.shape)
-    except SafetensorError as e:
-        raise AdapterError(f"{path}: {WEIGHTS_FILE} is corrupt ({e})") from None
-    except OSError as e:
-        raise AdapterError(f"{path}: cannot read {WEIGHTS_FILE} ({e})") from None
+    for key, tensor in weights.items():
+        m = _KEY.match(key)
+        if m is None:
+            raise AdapterError(f"{path}: unexpected tensor {key!r} (only LoRA A/B weights are accepted)")
+        if tensor.dim() != 2:
+            raise AdapterError(f"{path}: tensor {key} has shape {tuple(tensor.shape)}, expected 2-D")
+        if not bool(tensor.float().isfinite().all()):
+            raise AdapterError(f"{path}: tensor {key} holds NaN or infinite values")
+        shapes.setdefault(m["module"], {})[m["ab"]] = tuple(tensor.shape)
     if not shapes:
         raise AdapterError(f"{path}: {WEIGHTS_FILE} holds no LoRA weights")
 

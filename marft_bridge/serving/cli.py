@@ -16,7 +16,7 @@ import os
 import sys
 
 from .. import http_limits
-from ..errors import MarftError
+from ..errors import MarftError, RecordError
 from .engine_types import DEFAULT_MAX_QUEUED
 
 DEFAULT_REGISTRY = os.environ.get("MARFT_REGISTRY", ".marft/adapters")
@@ -177,10 +177,11 @@ def _publisher(args):
 def _adapter(reg, name: str, *, new: bool = False) -> str:
     """The registry's adapter for ``name``: the adapter itself, or an agent path's registry-safe name.
     A name the registry does not hold is refused listing the ones it does, unless publishing (``new``)."""
-    from ..schema import ADAPTER_NAME, agent_adapter_name
+    from ..adapter_names import agent_adapter_name
+    from ..registry_state import is_agent_name
 
     known = reg.agents()
-    if name in known or (new and ADAPTER_NAME.match(name) and ".." not in name):
+    if name in known or (new and is_agent_name(name)):
         return name
     mapped = agent_adapter_name(name)
     if mapped in known or new:
@@ -248,7 +249,7 @@ def _rollback(args) -> int:
 
 
 def _map(args) -> int:
-    from ..schema import adapters_by_agent, parse_episode
+    from ..adapter_names import adapters_by_agent
 
     if args.store:
         from ..store import TraceStore
@@ -256,10 +257,14 @@ def _map(args) -> int:
         with TraceStore.open(args.store) as ts:
             episodes = list(ts.episodes())
     else:
-        try:
-            with open(args.episodes, encoding="utf-8") as f:
-                episodes = [parse_episode(line, record=f"{args.episodes} line {n}")
-                            for n, line in enumerate(f, 1) if line.strip()]
+        from ..store.files import read_jsonl_episodes
+
+        episodes = []
+        try:  # as the store's import reads a file: no line is read past the record limit
+            for item in read_jsonl_episodes(args.episodes, label=args.episodes):
+                if isinstance(item, RecordError):
+                    raise item
+                episodes.append(item)
         except OSError as e:
             raise MarftError(f"cannot read episodes {args.episodes}: {e}") from None
     reg = _registry(args)

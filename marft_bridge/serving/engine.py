@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import MarftError
-from .adapter_files import WEIGHTS_FILE, AdapterError, base_fingerprint, check_against_base, inspect_adapter
+from .adapter_files import (AdapterError, base_fingerprint, check_against_base, inspect_adapter, load_weights,
+                            read_weights)
 from .adapter_slots import AdapterSlots, Slot
 from .batching import Batch, Row, RowState
 from .engine_types import (DEFAULT_MAX_QUEUED, MAX_SEED, GenerationRequest, GenerationResult, QueueFull, RequestError,
@@ -119,11 +120,16 @@ class AdapterEngine:
         check_agent_name(name)
         if name == self.base_name:
             raise AdapterError(f"adapter name {name!r} is the base model's name; requests could not tell them apart")
-        adapter_fp = None
+        manifest = None
         if self.registry is not None:
             _, version = self.registry.resolve(path)
-            adapter_fp = read_manifest(path).base_fingerprint
-        info = inspect_adapter(path)
+            manifest = read_manifest(path)
+        # Read once, here in the caller's thread: the bytes vetted and checked against the manifest are
+        # the bytes the worker puts into a slot (nothing reads the file again).
+        data = read_weights(path)
+        weights = load_weights(path, data)
+        info = inspect_adapter(path, weights)
+        adapter_fp = manifest.base_fingerprint if manifest is not None else None
         if adapter_fp is None and info.base_model:
             adapter_fp = base_fingerprint(info.base_model)
         check_against_base(
@@ -136,18 +142,11 @@ class AdapterEngine:
         )
         if name in self._slots.routes and not load_inplace:
             raise AdapterError(f"adapter {name!r} is already loaded; pass load_inplace=true to replace it")
+        if manifest is not None:
+            self.registry.check_weights(path, data, manifest)
         from peft import LoraConfig
-        from safetensors.torch import load as load_safetensors
 
-        # Read once, here in the caller's thread: the bytes checked against the manifest are the bytes
-        # the worker puts into a slot (nothing reads the file again).
-        try:
-            data = (Path(path) / WEIGHTS_FILE).read_bytes()
-        except OSError as e:
-            raise AdapterError(f"{path}: cannot read {WEIGHTS_FILE} ({e})") from None
-        if self.registry is not None:
-            self.registry.check_weights(path, data)
-        config, weights = LoraConfig.from_pretrained(str(path)), load_safetensors(data)
+        config = LoraConfig.from_pretrained(str(path))
         return self._between_steps(lambda: self._slots.load(name, str(path), version, load_inplace, config, weights))
 
     def load_current(self) -> dict[str, str]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from ..registry_state import AGENT_NAME, STATE_FILE
+from ..registry_state import AGENT_NAME, STATE_FILE, is_agent_name
 from ..registry_state import read_state_file as read_state
 from .adapter_files import CONFIG_FILE, WEIGHTS_FILE, AdapterError, base_fingerprint, find_adapter_dir, inspect_adapter
 
@@ -61,7 +61,7 @@ class AdapterVersion(BaseModel):
 
 
 def check_agent_name(agent: str) -> str:
-    if not isinstance(agent, str) or not AGENT_NAME.match(agent) or ".." in agent:
+    if not is_agent_name(agent):
         raise AdapterError(f"invalid agent name {agent!r}: use letters, digits, '_', '-', '.' (at most 64)")
     return agent
 
@@ -166,10 +166,10 @@ class AdapterRegistry:
                 raise AdapterError(f"{entry} links to {target}, outside the registry {self.root}; refusing to load it")
         return rel.parts[0], int(m.group(1))
 
-    def check_weights(self, version_dir: str | Path, data: bytes) -> None:
+    def check_weights(self, version_dir: str | Path, data: bytes, manifest: AdapterManifest | None = None) -> None:
         """Refuse weights (the bytes about to be loaded) that differ from what was published: the
-        version's manifest keeps their sha256."""
-        manifest = read_manifest(version_dir)
+        version's manifest (read here unless the caller has it) keeps their sha256."""
+        manifest = manifest or read_manifest(version_dir)
         if hashlib.sha256(data).hexdigest() != manifest.sha256:
             raise AdapterError(f"{version_dir}: {WEIGHTS_FILE} does not match the sha256 in its {MANIFEST_FILE} "
                                "(changed after it was published); refusing to load it")

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import MarftError, RecordError
+from ..limits import default_limits
+from ..schema import parse_episode
 from .records import Refusal, WriteReport
 
 if TYPE_CHECKING:
@@ -211,11 +213,11 @@ def import_file(store: EpisodeStore, path: str | os.PathLike, format: str | None
     if str(path) != "-" and not Path(path).is_file():
         raise MarftError(f"no such file: {path}")
     cap = store.limits.max_record_bytes
-    records = _read_parquet(Path(path), cap) if fmt == "parquet" else _read_jsonl(path, cap)
+    records = _read_parquet(Path(path), cap) if fmt == "parquet" else read_jsonl(path, cap)
     report = WriteReport()
     for name, raw in records:
         try:
-            if isinstance(raw, _Broken):
+            if isinstance(raw, RefusedRecord):
                 store.dead_letter(raw.error, raw.raw)
                 raise raw.error
             _import_one(store, name, raw)
@@ -237,10 +239,12 @@ def _import_one(store: EpisodeStore, name: str, raw: Any) -> None:
         raise err from None
 
 
-def _read_jsonl(path: str | os.PathLike, cap: int) -> Iterator[tuple[str, str | bytes | _Broken]]:
-    """Non-blank lines as text (bytes when not UTF-8: refused as malformed JSON, kept raw); a line
-    longer than ``cap`` bytes is never held whole: refused with its first bytes, skipped to its end."""
-    label = "stdin" if str(path) == "-" else Path(path).name
+def read_jsonl(path: str | os.PathLike, cap: int, label: str | None = None
+               ) -> Iterator[tuple[str, str | bytes | RefusedRecord]]:
+    """(``<label> line <n>``, line) of each non-blank line (``-``: stdin), as text (bytes when not
+    UTF-8: refused as malformed JSON, kept raw); a line longer than ``cap`` bytes is never held
+    whole: a RefusedRecord with its first bytes, and skipped to its end. ``label``: the file's name."""
+    label = label or ("stdin" if str(path) == "-" else Path(path).name)
     f = sys.stdin.buffer if str(path) == "-" else open(path, "rb")
     try:
         n = 0
@@ -254,9 +258,10 @@ def _read_jsonl(path: str | os.PathLike, cap: int) -> Iterator[tuple[str, str | 
                     size += len(rest)
                     if rest.endswith(b"\n"):
                         break
-                yield name, _Broken(RecordError(name, None, f"a line of {size:,}+ bytes, over the {cap:,}-byte limit "
-                                                "of one record (max_record_bytes); skipped unread"),
-                                    kept.decode("utf-8", "replace") + f"... [{size:,}+ bytes in all]")
+                why = (f"a line of {size:,}+ bytes, over the {cap:,}-byte limit of one record (max_record_bytes); "
+                       "skipped unread")
+                yield name, RefusedRecord(RecordError(name, None, why),
+                                          kept.decode("utf-8", "replace") + f"... [{size:,}+ bytes in all]")
                 continue
             if line.strip():
                 try:
@@ -268,7 +273,7 @@ def _read_jsonl(path: str | os.PathLike, cap: int) -> Iterator[tuple[str, str | 
             f.close()
 
 
-def _read_parquet(path: Path, cap: int) -> Iterator[tuple[str, dict | _Broken]]:
+def _read_parquet(path: Path, cap: int) -> Iterator[tuple[str, dict | RefusedRecord]]:
     """Episodes rebuilt from the JSON columns, in file order (rows of one episode are contiguous);
     one whose JSON passes ``cap`` bytes is refused (its first row kept) and its other rows skipped."""
     _, pq = _pyarrow()
@@ -285,12 +290,12 @@ def _read_parquet(path: Path, cap: int) -> Iterator[tuple[str, dict | _Broken]]:
     first_row = row_no = size = 0
     over = False  # the current episode passed the cap: its remaining rows are counted, not kept
 
-    def done() -> tuple[str, dict | _Broken]:
+    def done() -> tuple[str, dict | RefusedRecord]:
         if not over:
             return _episode_from_rows(path.name, first_row, rows)
         name = f"{path.name} rows {first_row}-{row_no - 1}"
         raw = json.dumps(rows[:1], default=str, ensure_ascii=False)[:_KEPT]
-        return name, _Broken(RecordError(name, None, f"episode {current}: {size:,}+ bytes of JSON, over the "
+        return name, RefusedRecord(RecordError(name, None, f"episode {current}: {size:,}+ bytes of JSON, over the "
                                          f"{cap:,}-byte limit of one record (max_record_bytes)"), raw)
 
     for batch in pf.iter_batches(columns=needed, batch_size=_READ_ROWS):
@@ -312,7 +317,7 @@ def _read_parquet(path: Path, cap: int) -> Iterator[tuple[str, dict | _Broken]]:
         yield done()
 
 
-def _episode_from_rows(label: str, first_row: int, rows: list[dict]) -> tuple[str, dict | _Broken]:
+def _episode_from_rows(label: str, first_row: int, rows: list[dict]) -> tuple[str, dict | RefusedRecord]:
     name = f"{label} rows {first_row}-{first_row + len(rows) - 1}"
     try:
         episode = json.loads(rows[0]["episode_json"])
@@ -322,11 +327,24 @@ def _episode_from_rows(label: str, first_row: int, rows: list[dict]) -> tuple[st
     except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as e:
         why = "JSON nested too deep to read (far past the max_depth limit)" if isinstance(e, RecursionError) else e
         raw = json.dumps(rows, default=str, ensure_ascii=False)
-        return name, _Broken(RecordError(name, "action_json/episode_json", f"not episode JSON: {why}"), raw)
+        return name, RefusedRecord(RecordError(name, "action_json/episode_json", f"not episode JSON: {why}"), raw)
     return name, episode
 
 
-class _Broken:
+def read_jsonl_episodes(path: str | os.PathLike, limits: RecordLimits | None = None,
+                        label: str | None = None) -> Iterator[Episode | RecordError]:
+    """Each non-blank line of a JSONL file validated as an Episode, or the RecordError that refuses
+    it (``read_jsonl``: a line is never read past ``limits.max_record_bytes``; default limits:
+    ``limits.default_limits()``). OSError when the file cannot be opened or read."""
+    limits = limits or default_limits()
+    for name, raw in read_jsonl(path, limits.max_record_bytes, label):
+        try:
+            yield raw.error if isinstance(raw, RefusedRecord) else parse_episode(raw, name, limits)
+        except RecordError as e:
+            yield e
+
+
+class RefusedRecord:
     """A record that could not even be assembled: refused as is, with the reason."""
 
     def __init__(self, error: RecordError, raw: str):

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from ..errors import MarftError, RecordError
-from ..limits import RecordLimits
+from ..limits import RecordLimits, record_within
 from ..schema import Action, Episode, Reward, episode_data, parse_episode, record_error
 from . import tables as t
 
@@ -96,12 +96,16 @@ def merge_halves(old: Episode, new: dict, limits: RecordLimits | None = None) ->
 
 class Rows:
     """The rows one episode write inserts, serialized before the transaction starts; ``size`` is
-    the UTF-8 length of their JSON bodies (about the episode's JSON line, when it is all of it)."""
+    the UTF-8 length of their JSON bodies (about the episode's JSON line, when it is all of it);
+    ``fields_within``: the free-form fields of every record in them are within the record limits
+    (``limits.record_within``; False: not known)."""
 
-    __slots__ = ("episode", "agents", "actions", "rewards", "size")
+    __slots__ = ("episode", "agents", "actions", "rewards", "size", "fields_within")
 
-    def __init__(self, episode: dict, agents: list[dict], actions: list[dict], rewards: list[dict], size: int = 0):
+    def __init__(self, episode: dict, agents: list[dict], actions: list[dict], rewards: list[dict], size: int = 0,
+                 fields_within: bool = False):
         self.episode, self.agents, self.actions, self.rewards, self.size = episode, agents, actions, rewards, size
+        self.fields_within = fields_within
 
 
 def check_record_size(episode_id: str, size: int, limits: RecordLimits) -> None:
@@ -114,25 +118,32 @@ def check_record_size(episode_id: str, size: int, limits: RecordLimits) -> None:
 def episode_rows(ep: Episode, actions: list[Action] | None = None, rewards: list[Reward] | None = None,
                   action_start: int = 0, reward_start: int = 0, limits: RecordLimits | None = None) -> Rows:
     """Rows for ``ep`` (or, when merging, for its new ``actions``/``rewards`` from the given positions).
-    With ``limits``, a whole episode past ``max_record_bytes`` is refused (RecordError)."""
+    With ``limits``, a whole episode past ``max_record_bytes`` is refused (RecordError), and
+    ``fields_within`` says whether its bodies clear the free-form fields of the other limits."""
     whole = actions is None and rewards is None
     actions = ep.actions if actions is None else actions
     rewards = ep.rewards if rewards is None else rewards
     to_json = Action.__pydantic_serializer__.to_json  # model_dump_json's keyword handling costs per call
+    judge = limits is not None and whole
     try:
-        body = ep.model_dump_json(exclude={"actions", "rewards"})
-        size = len(body) if body.isascii() else len(body.encode())
+        head = Episode.__pydantic_serializer__.to_json(ep, exclude={"actions", "rewards"})
+        size, within = len(head), judge and record_within(ep, head, limits)
         action_rows = []
         for k, a in enumerate(actions):
             text = to_json(a)
             size += len(text) + 1
+            within = within and record_within(a, text, limits)
             action_rows.append({"episode_id": ep.id, "seq": action_start + k, "id": a.id, "agent": a.agent,
                                 "step": a.step, "kind": a.kind, "body": text.decode()})
-        reward_rows = [reward_row(ep.id, reward_start + k, r) for k, r in enumerate(rewards)]
-        size += sum(len(r["body"]) + 1 for r in reward_rows)
+        reward_rows = []
+        for k, r in enumerate(rewards):
+            text = Reward.__pydantic_serializer__.to_json(r)
+            size += len(text) + 1
+            within = within and record_within(r, text, limits)
+            reward_rows.append(reward_row(ep.id, reward_start + k, r, text.decode()))
     except PydanticSerializationError as e:
         raise RecordError(f"episode {ep.id}", None, f"cannot be stored as JSON: {e}") from None
-    if whole and limits is not None:
+    if judge:
         check_record_size(ep.id, size, limits)
     episode_row = {
         "id": ep.id,
@@ -142,14 +153,15 @@ def episode_rows(ep: Episode, actions: list[Action] | None = None, rewards: list
         "ended_at": epoch(ep.ended_at),
         "n_actions": len(ep.actions),
         "n_rewards": len(ep.rewards),
-        "body": body,
+        "body": head.decode(),
     }
-    return Rows(episode_row, [{"episode_id": ep.id, "agent": a} for a in ep.agents], action_rows, reward_rows, size)
+    return Rows(episode_row, [{"episode_id": ep.id, "agent": a} for a in ep.agents], action_rows, reward_rows, size,
+                within)
 
 
-def reward_row(episode_id: str, seq: int, r: Reward) -> dict:
+def reward_row(episode_id: str, seq: int, r: Reward, body: str | None = None) -> dict:
     return {"episode_id": episode_id, "seq": seq, "id": r.id, "agent": r.agent, "action_id": r.action_id,
-            "value": r.value, "source": r.source, "body": r.model_dump_json()}
+            "value": r.value, "source": r.source, "body": r.model_dump_json() if body is None else body}
 
 
 def filter_clauses(source=None, agent=None, since=None, until=None, has_reward=None) -> list:

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from ..errors import MarftError, RecordError
 from ..limits import RecordLimits
-from ..schema import Episode, Reward, parse_episode, record_error
+from ..schema import STORED, Episode, Reward, parse_episode, record_error
 from . import tables as t
 from .engines import NEW_EPISODES, create_engines, normalize_url, short_error
 from .files import export_episodes, import_file
@@ -120,8 +120,7 @@ class TraceStore:
         try:
             data = to_data(episode, self.limits)
             try:
-                ep, err = parse_episode(data, limits=self.limits), None
-                rows = episode_rows(ep, limits=self.limits)
+                (ep, rows), err = self._validated(data), None
             except RecordError as e:
                 # Half of an episode may depend on actions of the stored half: judge the merge.
                 ep, rows, err = None, None, e
@@ -149,10 +148,8 @@ class TraceStore:
         for item in items:
             try:
                 data = _unqueued(item)
-                # JSON (a submitted Episode is queued as JSON) is parsed and validated in one pass in Rust.
-                ep = (Episode.model_validate_json(data, context={"limits": self.limits}) if isinstance(data, (bytes, str))
-                      else parse_episode(to_data(data, self.limits), limits=self.limits))
-                group.append((ep.id, episode_rows(ep, limits=self.limits), item))
+                ep, rows = self._validated(data if isinstance(data, (bytes, str)) else to_data(data, self.limits))
+                group.append((ep.id, rows, item))
             except (RecordError, ValidationError):
                 self._write_group(group)
                 group = []
@@ -162,6 +159,27 @@ class TraceStore:
                 group = []
                 self.dead_letter(RecordError(None, None, f"cannot be read back from the write queue: {e}"), item)
         self._write_group(group)
+
+    def _validated(self, data: dict | bytes | str) -> tuple[Episode, Rows]:
+        """``data`` (a dict, or JSON text: a submitted Episode is queued as JSON, parsed and validated
+        in one pass in Rust) as an Episode and its rows; RecordError or ValidationError if refused.
+        The record limits are judged on the rows' JSON (``Rows.fields_within``); an episode past one,
+        or whose rows cannot be made, is validated again by the record model, so it is refused as
+        without a store, naming the field. One that breaks an invariant is refused at once."""
+        def validate(check_fields: bool) -> Episode:
+            if isinstance(data, dict):
+                return parse_episode(data, limits=self.limits, check_fields=check_fields)
+            return Episode.model_validate_json(data, context={"limits": self.limits} if check_fields else STORED)
+
+        ep = validate(False)
+        try:
+            rows = episode_rows(ep, limits=self.limits)
+            if rows.fields_within:
+                return ep, rows
+        except RecordError:  # not JSON, or too big: a field past a limit, if there is one, is the reason
+            pass
+        ep = validate(True)
+        return ep, episode_rows(ep, limits=self.limits)
 
     def _write_group(self, group: list[tuple[str, Rows, Any]]) -> None:
         if not group:
@@ -403,6 +421,17 @@ class TraceStore:
         q = listing([t.episodes.c.id], filter_clauses(source, agent, since, until, has_reward), limit, newest_first)
         with self._reader.connect() as conn:
             ids = list(conn.execute(q).scalars())
+        yield from self._read(ids)
+
+    def get_episodes(self, episode_ids: Iterable[str]) -> list[Episode]:
+        """The stored episodes of ``episode_ids``, in that order: ids not stored are left out, and so
+        are episodes that cannot be read back (moved to the dead letters, as ``episodes()`` moves
+        them), so one bad row never stops a caller that reads a list of ids (``get_episode`` raises
+        for it). Read ``READ_CHUNK`` at a time, not one query per id."""
+        self._check_open()
+        return list(self._read(list(episode_ids)))
+
+    def _read(self, ids: list[str]) -> Iterator[Episode]:
         for i in range(0, len(ids), READ_CHUNK):
             chunk = ids[i : i + READ_CHUNK]
             with self._reader.connect() as conn:
@@ -423,13 +452,10 @@ class TraceStore:
     def _quarantine(self, bad: list[Finding]) -> int:
         moved = 0
         for f in bad:
-            done: list[bool] = []
             try:
-                self._writes.retry(lambda conn: done.append(quarantine_tx(conn, self._writes, f.episode_id)))
+                moved += self._writes.retry(lambda conn: quarantine_tx(conn, self._writes, f.episode_id))
             except (MarftError, sa.exc.SQLAlchemyError) as e:
                 log.error("could not move unreadable episode %s to the dead letters: %s", f.episode_id, short_error(e))
-                continue
-            moved += bool(done and done[-1])
         return moved
 
     def doctor(self, *, dry_run: bool = False, progress: Callable[[int, int], None] | None = None) -> DoctorReport:

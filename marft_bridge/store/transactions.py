@@ -10,7 +10,7 @@ import contextlib
 import importlib
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -21,6 +21,8 @@ from .rows import Rows, reward_row
 
 if TYPE_CHECKING:
     from ..schema import Reward
+
+T = TypeVar("T")
 
 
 class WriteTransactions:
@@ -43,15 +45,16 @@ class WriteTransactions:
                 sqlite_run(conn, "BEGIN IMMEDIATE")
             yield conn
 
-    def retry(self, fn: Callable[[sa.Connection], None]) -> None:
-        """Run ``fn`` in a write transaction, retrying the whole transaction when it loses a race."""
+    def retry(self, fn: Callable[[sa.Connection], T]) -> T:
+        """Run ``fn`` in a write transaction, retrying the whole transaction when it loses a race;
+        returns what ``fn`` returned in the transaction that committed."""
         # A concurrent writer may insert the same new episode id first (PostgreSQL unique violation)
         # or hold the SQLite lock past busy_timeout: retry the whole transaction, which then merges.
         for attempt in range(5):
             try:
                 with self.begin() as conn:
-                    fn(conn)
-                return
+                    result = fn(conn)
+                return result
             except (sa.exc.IntegrityError, sa.exc.OperationalError) as e:
                 if attempt == 4:
                     raise MarftError(f"trace store write failed: {short_error(e)}") from None

@@ -3,30 +3,28 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from ..errors import MarftError, RecordError
-from ..schema import Episode, parse_episode
+from ..schema import Episode
 
 log = logging.getLogger("marft_bridge.trainers")
 
 
 def read_jsonl(path) -> tuple[list[Episode], int]:
-    """Valid episodes of a JSONL file, and how many bad lines were skipped (each logged with its reason)."""
+    """Valid episodes of a JSONL file, and how many bad lines were skipped (each logged with its reason).
+    Lines are read as the store's import reads them: never past the record limit (``max_record_bytes``)."""
+    from ..store.files import read_jsonl_episodes
+
     episodes, bad = [], 0
     try:
-        f = open(Path(path), encoding="utf-8")
+        for item in read_jsonl_episodes(path, label=str(path)):
+            if isinstance(item, RecordError):
+                bad += 1
+                log.warning("skipped: %s", item)
+            else:
+                episodes.append(item)
     except OSError as e:
         raise MarftError(f"cannot read episodes {path}: {e}") from None
-    with f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                episodes.append(parse_episode(line, record=f"{path} line {n}"))
-            except RecordError as e:
-                bad += 1
-                log.warning("skipped: %s", e)
     return episodes, bad
 
 

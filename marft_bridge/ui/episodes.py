@@ -264,6 +264,11 @@ class EpisodeIndex:
 # -- one episode ----------------------------------------------------------------------------------
 
 
+def action_indexes(ep: Episode) -> dict[str, int]:
+    """Each action id's index in the episode: the ``#k`` the viewer names actions by."""
+    return {a.id: k for k, a in enumerate(ep.actions)}
+
+
 def credited(ep: Episode) -> list[dict]:
     """Per reward, the actions it credits: the rewarded action (action reward), the agent's last
     action (agent reward) or the episode's final decisions (team reward: the last step's actions
@@ -274,7 +279,7 @@ def credited(ep: Episode) -> list[dict]:
     last_step = max((a.step for a in ep.actions), default=0)
     sinks = [a for a in ep.actions if a.step == last_step and a.id not in needed]
     finals = [a.id for a in sinks if a.kind in ("llm", "message")] or [a.id for a in sinks]
-    pos = {a.id: k for k, a in enumerate(ep.actions)}
+    pos = action_indexes(ep)
     out = []
     for r in ep.rewards:
         if r.action_id is not None:
@@ -330,7 +335,7 @@ def graph(ep: Episode) -> dict:
     if not collapsed:
         slot: dict[tuple[int, str], int] = {}
         nodes = []
-        pos = {a.id: k for k, a in enumerate(ep.actions)}
+        pos = action_indexes(ep)
         for k, a in enumerate(ep.actions):
             cell = (a.step, a.agent)
             slot[cell] = slot.get(cell, 0) + 1
@@ -377,7 +382,7 @@ def action_page(ep: Episode, params: dict[str, str]) -> dict:
     agent, step = params.get("agent"), params.get("step")
     rows = [(k, a) for k, a in enumerate(ep.actions)
             if (not agent or a.agent == agent) and (step in (None, "") or str(a.step) == step)]
-    pos = {a.id: k for k, a in enumerate(ep.actions)}
+    pos = action_indexes(ep)
     return {"total": len(rows), "offset": offset, "limit": limit,
             "items": [action_row(k, a, pos) for k, a in rows[offset:offset + limit]]}
 
@@ -385,7 +390,7 @@ def action_page(ep: Episode, params: dict[str, str]) -> dict:
 def action_view(ep: Episode, action_id: str, decode=None) -> dict:
     """One action in full (its record as JSON), with its place in D and the rewards crediting it.
     ``decode(ids) -> [text of each id]``, when a tokenizer was given, names the sampled tokens."""
-    pos = {b.id: j for j, b in enumerate(ep.actions)}
+    pos = action_indexes(ep)
     k = pos.get(action_id)
     if k is None:
         raise KeyError(action_id)

@@ -23,7 +23,7 @@ PLOT_FIRST = ["reward_mean", "kl_ref", "approx_kl", "entropy", "value_loss", "po
 
 def read_jsonl_tail(path: Path, limit: int) -> tuple[list[dict], int]:
     """The last ``limit`` JSON objects of a JSONL file and how many lines were unreadable. A torn
-    last line (a writer still appending) is skipped, not an error."""
+    last line (a writer still appending), or one nested too deep to parse, is skipped, not an error."""
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
@@ -34,7 +34,7 @@ def read_jsonl_tail(path: Path, limit: int) -> tuple[list[dict], int]:
             continue
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deep for the parser
             bad += 1
             continue
         if isinstance(row, dict):
