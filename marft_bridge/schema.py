@@ -190,6 +190,9 @@ class SamplingParams(_Record):
     stop: list[str] | None = None
     # True when the server's log-probs are after temperature/top-k/top-p (vLLM processed_logprobs).
     logprobs_processed: bool | None = None
+    # vLLM's allowed_token_ids: every token was sampled from this set (the trainer masks its log-probs alike).
+    allowed_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1,
+                                                                        max_length=MAX_TOKENS)
 
 
 class Policy(_Record):
