@@ -479,6 +479,18 @@ def template_tool_call(call: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def template_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A function tool as vLLM hands it to a chat template: ``description`` and ``parameters`` always
+    present (null when not given), ``strict`` only when set, nothing else. The server renders a
+    request's tools and the trainer a recorded observation's through this one function, so both
+    prompts are the one vLLM sampled from."""
+    f = tool.get("function") or {}
+    fn = {"name": f.get("name"), "description": f.get("description"), "parameters": f.get("parameters")}
+    if f.get("strict") is not None:
+        fn["strict"] = f["strict"]
+    return {"type": tool.get("type", "function"), "function": fn}
+
+
 def template_message(m: Message) -> dict[str, Any]:
     """One recorded message as chat templates take it (content ``""`` for none; tool calls, tool ids, name)."""
     out: dict[str, Any] = {"role": m.role, "content": m.content or ""}

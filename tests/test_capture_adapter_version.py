@@ -113,6 +113,9 @@ def test_a_stream_records_the_version_live_when_it_opened(server, sqlite_store, 
         registry.promote("writer", 3)  # while the stream is read
         assert text(stream, True) == "writer answer to x"
     assert served(sqlite_store, ep.id) == [("writer", 2, "registry", "retokenize")]
+    # vLLM swaps in place under a request in flight: the action says another version went live meanwhile
+    meta = sqlite_store.get_episode(ep.id).actions[0].metadata
+    assert (meta["adapter_version_changed"], meta["adapter_version_end"]) == (True, 3)
 
 
 @pytest.mark.parametrize("asynchronous", [False, True])
@@ -135,6 +138,9 @@ def test_a_version_promoted_while_the_server_answers_labels_only_later_requests(
     finally:
         httpd.on_request = None
     assert served(sqlite_store, ep.id) == [("writer", 2, "registry", "retokenize"), ("writer", 3, "registry", "retokenize")]
+    during, after = (a.metadata for a in sqlite_store.get_episode(ep.id).actions)
+    assert (during.get("adapter_version_changed"), during.get("adapter_version_end")) == (True, 3)
+    assert "adapter_version_changed" not in after and "adapter_version_end" not in after
 
 
 def test_the_servers_adapter_version_wins(server, sqlite_store, registry):

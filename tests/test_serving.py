@@ -178,14 +178,22 @@ def test_completions_endpoint(client, direct):
     tok = direct["coder"].tokenizer
     r = client.completions.create(model="coder", prompt="def add(a, b):", max_tokens=6, temperature=1.0, seed=5,
                                   logprobs=2, extra_body={"return_token_ids": True}).model_dump()
-    assert r["prompt_token_ids"] == tok("def add(a, b):")["input_ids"]
+    prompt_ids = r["choices"][0]["prompt_token_ids"]  # in the choice, where vLLM puts a completion's
+    assert prompt_ids == tok("def add(a, b):")["input_ids"] and "prompt_token_ids" not in r
     tokens = r["choices"][0]["token_ids"]
-    want = direct["coder"].logprobs(r["prompt_token_ids"], tokens)[torch.arange(6), torch.tensor(tokens)]
+    want = direct["coder"].logprobs(prompt_ids, tokens)[torch.arange(6), torch.tensor(tokens)]
     assert torch.allclose(torch.tensor(r["choices"][0]["logprobs"]["token_logprobs"]), want, atol=1e-4)
     assert r["adapter"] == {"name": "coder", "version": 1}
     streamed = client.completions.create(model="coder", prompt="def add(a, b):", max_tokens=6, temperature=1.0,
                                          seed=5, stream=True)
     assert "".join(c.choices[0].text for c in streamed) == r["choices"][0]["text"]
+    streamed = [c.model_dump() for c in client.completions.create(
+        model="coder", prompt="def add(a, b):", max_tokens=6, temperature=1.0, seed=5, stream=True,
+        extra_body={"return_token_ids": True})]
+    # streamed, the prompt ids come once, in the first token's choice
+    assert streamed[0]["choices"][0]["prompt_token_ids"] == prompt_ids and streamed[0]["choices"][0]["token_ids"]
+    assert [t for c in streamed for t in c["choices"][0].get("token_ids") or []] == tokens
+    assert not any("prompt_token_ids" in c["choices"][0] for c in streamed[1:])
 
 
 def test_langchain_chat_openai(server):

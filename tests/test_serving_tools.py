@@ -176,6 +176,8 @@ def feed_all(parser: HermesParser, pieces) -> tuple[str, list]:
     ('<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', [], 1),
     ('<tool_call>{"name": "f", "arguments": "{\\"y\\": 2}"}</tool_call>', "", [("f", {"y": 2})], 0),
     ('<tool_call>{"name": "f"}</tool_call>', "", [("f", {})], 0),
+    ('I will add.\n<tool_call>{"name": "f"}</tool_call>', "I will add.\n", [("f", {})], 0),  # text's whitespace kept
+    ('\n <tool_call>{"name": "f"}</tool_call>\n', "", [("f", {})], 0),  # whitespace that is all the content: dropped
     ('<tool_call>{"name": "f", "arguments": {"x": "<tool_call>"}}', "", [("f", {"x": "<tool_call>"})], 0),  # unclosed, complete
     ('<tool_call>{"name": "f", "argu', '<tool_call>{"name": "f", "argu', [], 1),  # cut off
     ("a < b <tool and <tool_ca", "a < b <tool and <tool_ca", [], 0),  # tag-like text is released at the end
@@ -200,3 +202,19 @@ def test_hermes_parser_holds_back_only_a_possible_tag_and_limits_calls():
     assert text == "" and len(calls) == 1 and parser.dropped == 1  # the newline between calls is not content
     parser = HermesParser()
     assert feed_all(parser, ["\n", " ", "ok", "\n"]) == ("\n ok\n", [])  # without calls whitespace is kept
+
+
+def test_a_tool_without_description_renders_as_vllm_and_as_the_trainer_does(client, setup):
+    """vLLM hands the template a tool's missing description and parameters as null; so do the server
+    and the trainer (one normalisation), so the recorded prompt is the one the trainer rebuilds."""
+    from marft_bridge.schema import Action, Observation
+    from marft_bridge.trainers.batch import observation_ids
+
+    _, _, direct, _, _ = setup
+    bare = [{"type": "function", "function": {"name": "add"}}]
+    r = ask(client, tools=bare, max_tokens=1, extra_body={"return_token_ids": True}).model_dump()
+    as_vllm = direct.chat_prompt(MESSAGES, tools=[{"type": "function", "function": {
+        "name": "add", "description": None, "parameters": None}}])
+    assert r["prompt_token_ids"] == as_vllm != direct.chat_prompt(MESSAGES, tools=bare)
+    recorded = Action(agent="caller", observation=Observation(messages=MESSAGES, tools=bare))
+    assert observation_ids(recorded, direct.tokenizer) == as_vllm

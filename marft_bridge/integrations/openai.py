@@ -30,7 +30,10 @@ agent) from the registry of the episode it lands in (``EpisodeRecorder.registry`
 ``episode(registry=...)`` / ``instrument(app, registry=...)``), else from the process-wide default
 ``use_registry(root)`` (for code that sets one registry for everything), read when the request goes
 out (``marft_bridge.registry_state.LiveVersions``); ``metadata["adapter_version_source"]`` records
-``"server"`` or ``"registry"``.
+``"server"`` or ``"registry"``. The registry is read again when the response is complete: vLLM swaps
+an adapter in place under requests in flight, so where another version went live meanwhile the
+action keeps the version it went out with and says ``metadata["adapter_version_changed"] = True``
+and ``metadata["adapter_version_end"]`` (its later tokens may come from that version).
 
 Streams (``stream=True``; ``ChatOpenAI(streaming=True)``, ``.stream()``, ``Runner.run_streamed``)
 are tapped: the app gets the very same chunk objects, while capture folds them into one response
@@ -66,8 +69,10 @@ from .openai_streams import STREAM_KEY, ResponsesStreamAccumulator, StreamAccumu
 
 CHAT_PATH, RESPONSES_PATH = "/chat/completions", "/responses"
 _PATHS = (CHAT_PATH, RESPONSES_PATH)
-# Key the hook adds to a response: the registry's live version of the requested adapter.
+# Keys the hook adds to a response: the registry's live version of the requested adapter when the
+# request went out, and when its response was complete (only where the two differ).
 REGISTRY_KEY = "marft_registry_version"
+REGISTRY_END_KEY = "marft_registry_version_end"
 
 
 class RawCall:
@@ -130,6 +135,8 @@ def _policy_and_meta(request: dict, response: dict) -> tuple[dict, dict]:
         version, source = response[REGISTRY_KEY], "registry"
     metadata: dict[str, Any] = {"response_model": response.get("model"), "response_id": response.get("id"),
                                 "adapter_version_source": source if version is not None else None}
+    if source == "registry" and response.get(REGISTRY_END_KEY) is not None:
+        metadata["adapter_version_changed"], metadata["adapter_version_end"] = True, response[REGISTRY_END_KEY]
     return {"name": model, "version": version}, metadata
 
 
@@ -146,7 +153,8 @@ def _sampling(request: dict, names: dict[str, tuple[str, ...]]) -> dict[str, Any
 
 
 _CHAT_SAMPLING = {"temperature": ("temperature",), "top_p": ("top_p",), "top_k": ("top_k",),
-                  "max_tokens": ("max_completion_tokens", "max_tokens"), "seed": ("seed",), "stop": ("stop",)}
+                  "max_tokens": ("max_completion_tokens", "max_tokens"), "seed": ("seed",), "stop": ("stop",),
+                  "allowed_token_ids": ("allowed_token_ids",)}
 _RESPONSES_SAMPLING = {"temperature": ("temperature",), "top_p": ("top_p",), "top_k": ("top_k",),
                        "max_tokens": ("max_output_tokens",), "seed": ("seed",)}
 
@@ -322,10 +330,15 @@ def _registry_version(body: Any) -> int | None:
         return None
 
 
-def _stamped(response: dict | None, version: int | None) -> dict | None:
+def _stamped(response: dict | None, version: int | None, body: Any) -> dict | None:
+    """The response with the registry's version at its start, and at its end where that differs."""
     if response is None or version is None:
         return response
-    return {**response, REGISTRY_KEY: version}
+    out = {**response, REGISTRY_KEY: version}
+    end = _registry_version(body)
+    if end is not None and end != version:
+        out[REGISTRY_END_KEY] = end
+    return out
 
 
 # -- recording -----------------------------------------------------------------------------------
@@ -361,7 +374,7 @@ def _handle(path: str | None, body: Any, extra: Any, result: Any, started: datet
     # ``extra_body`` (vLLM's top_k, return_token_ids, ...) travels apart and is merged into the JSON.
     body = {**body, **extra} if isinstance(extra, dict) else dict(body)
     if not body.get("stream"):
-        _deliver(path, body, _stamped(_response_dict(result), live), started)
+        _deliver(path, body, _stamped(_response_dict(result), live, body), started)
         return
     from openai import AsyncStream, Stream
     from openai._legacy_response import LegacyAPIResponse
@@ -376,7 +389,7 @@ def _handle(path: str | None, body: Any, extra: Any, result: Any, started: datet
     acc = ResponsesStreamAccumulator() if path == RESPONSES_PATH else StreamAccumulator()
 
     def deliver(response: dict) -> None:
-        ctx.run(_deliver, path, body, _stamped(response, live), started)
+        ctx.run(lambda: _deliver(path, body, _stamped(response, live, body), started))
 
     if isinstance(result, Stream):
         result._iterator = tap(result._iterator, acc, deliver)

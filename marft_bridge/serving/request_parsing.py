@@ -9,6 +9,7 @@ import secrets
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
+from ..schema import template_tool
 from .api_errors import APIError, client_gone, validation_error
 from .engine_types import GenerationRequest
 from .requests import ChatRequest, CompletionRequest, SamplingBody, template_messages
@@ -67,7 +68,7 @@ def chat_prompt(tokenizer, body: ChatRequest) -> list[int]:
     """The prompt as the base model's chat template renders it, with the request's tools."""
     import jinja2
 
-    kwargs = {"tools": [t.model_dump(exclude_none=True) for t in body.tools]} if body.tools else {}
+    kwargs = {"tools": [template_tool(t.model_dump()) for t in body.tools]} if body.tools else {}
     try:
         out = tokenizer.apply_chat_template(template_messages(body.messages), add_generation_prompt=True,
                                             tokenize=True, **kwargs)

@@ -2,7 +2,9 @@
 
 Pure: no engine, no HTTP. Beside OpenAI's fields every response and chunk carries
 ``"adapter": {"name", "version"}`` and ``"logprobs_mode": "processed"``; with ``return_token_ids`` a
-response carries ``choices[].token_ids`` and ``prompt_token_ids``, as vLLM's do.
+response carries ``choices[].token_ids`` and the prompt's ids where vLLM puts them: a chat response's
+``prompt_token_ids`` at the top (streamed: in the role chunk), a completion's in ``choices[0]``
+(streamed: in the first token's chunk).
 """
 
 from __future__ import annotations
@@ -54,11 +56,12 @@ def envelope(kind: str, cid: str, created: int, body: SamplingBody, choices: lis
 
 
 def whole(kind: str, cid: str, created: int, body: SamplingBody, choice: dict, adapter, res: GenerationResult) -> dict:
-    """A non-streamed response; ``return_token_ids`` adds the reply's and the prompt's ids, as vLLM does."""
+    """A non-streamed response; ``return_token_ids`` adds the reply's and the prompt's ids, as vLLM does
+    (a completion's prompt ids in its choice, a chat response's at the top)."""
     out = envelope(kind, cid, created, body, [choice], adapter, usage=usage(res))
     if body.return_token_ids:
         choice["token_ids"] = res.token_ids
-        out["prompt_token_ids"] = res.prompt_ids
+        (choice if kind == "text_completion" else out)["prompt_token_ids"] = res.prompt_ids
     return out
 
 
@@ -150,12 +153,14 @@ def completion(tokenizer, cid: str, created: int, body: CompletionRequest, adapt
 async def completion_chunks(tokenizer, events: AsyncIterator, req: GenerationRequest, body: CompletionRequest,
                             cid: str, created: int) -> AsyncIterator[dict]:
     adapter = None
+    prompt_ids = req.prompt_ids if body.return_token_ids else None  # sent once, in the first chunk after start
     async for kind, payload in events:
         if kind == "start":
             adapter = {"name": payload[0], "version": payload[1]}
-            if not body.return_token_ids:
-                continue
+            continue
         choice = {"index": 0, "text": "", "finish_reason": None, "logprobs": None}
+        if prompt_ids is not None:  # vLLM puts them in the first token's choice
+            choice["prompt_token_ids"], prompt_ids = prompt_ids, None
         if kind == "token":
             choice["text"] = payload.text_delta
             if body.logprobs is not None:
@@ -164,7 +169,4 @@ async def completion_chunks(tokenizer, events: AsyncIterator, req: GenerationReq
                 choice["token_ids"] = [payload.token_id]
         elif kind == "done":
             choice["finish_reason"] = payload.finish_reason
-        out = envelope("text_completion", cid, created, body, [choice], adapter)
-        if kind == "start":  # vLLM sends the prompt's token ids once, first
-            out["prompt_token_ids"] = req.prompt_ids
-        yield out
+        yield envelope("text_completion", cid, created, body, [choice], adapter)

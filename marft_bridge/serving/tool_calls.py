@@ -6,7 +6,8 @@ streamed and whole responses come out the same by construction: text outside cal
 OpenAI tool call (id ``call_...``, arguments a JSON string), and a block that is not a valid call
 (bad JSON, no name, arguments not an object) or is cut off comes back as text and is counted. Like
 vLLM, a last block left unclosed when generation ends is a call if its JSON is complete.
-Whitespace-only content (the newlines between calls) is dropped when calls were made.
+Whitespace that is all the content (the newlines around calls) is dropped when calls were made;
+whitespace after real text is content, streamed or not.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class HermesParser:
         self.malformed = 0
         self.dropped = 0
         self.blank = ""  # whitespace-only content, held until real text follows (dropped beside calls)
+        self.spoke = False  # real text was released: later whitespace is content, not padding
 
     def feed(self, delta: str) -> tuple[str, list[ParsedToolCall]]:
         self.buf += delta
@@ -98,11 +100,11 @@ class HermesParser:
         return text, new
 
     def _release(self, text: str) -> str:
-        """Content to send now: whitespace alone (the newlines around calls) waits for real text."""
-        if not text.strip():
+        """Content to send now: whitespace before any real text (the newlines around calls) waits for it."""
+        if not text.strip() and not self.spoke:
             self.blank += text
             return ""
-        text, self.blank = self.blank + text, ""
+        text, self.blank, self.spoke = self.blank + text, "", True
         return text
 
     def _take(self, block: str, body: str, new: list) -> str:

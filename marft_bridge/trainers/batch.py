@@ -33,7 +33,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import MarftError
-from ..schema import Action, Episode, adapter_name, agent_adapter_name, template_message, template_tool_call
+from ..schema import (Action, Episode, adapter_name, agent_adapter_name, template_message, template_tool,
+                      template_tool_call)
 
 log = logging.getLogger("marft_bridge.trainers")
 
@@ -74,7 +75,8 @@ STOPPED = frozenset({"stop", "tool_calls", "function_call"})
 
 
 def _template_ids(tokenizer, messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> list[int]:
-    enc = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt,
+    tools = [template_tool(t) for t in tools] if tools else None
+    enc = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation_prompt,
                                         tokenize=True)
     return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
 

@@ -51,8 +51,8 @@ def test_adapters_change_the_outputs(vllm_http):
 
 
 def _prompt_ids(obj: dict):
-    """vLLM puts a completion's prompt ids in its choice, we at the top (see the xfail below)."""
-    return obj["choices"][0].get("prompt_token_ids") or obj.get("prompt_token_ids") if obj["choices"] else None
+    """A completion's prompt ids: in its choice, as vLLM and we put them."""
+    return obj["choices"][0].get("prompt_token_ids") if obj["choices"] else None
 
 
 def completion(http, body: dict, stream: bool):
@@ -80,9 +80,6 @@ def test_completions_identical(vllm_http, embedded_http, prompt, stream):
     assert max(abs(p - q) for p, q in zip(ours[2], theirs[2])) <= TOL
 
 
-@pytest.mark.xfail(strict=True, reason="marft serve puts a completion's prompt_token_ids at the top level of the "
-                   "response and sends them streamed in a first chunk of their own; vLLM puts them in "
-                   "choices[0] (streamed: in the first token's chunk). Wanted in serving/server.py (owner: serve).")
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
 def test_completion_prompt_ids_where_vllm_puts_them(vllm_http, embedded_http, stream):
     body = {"model": "alpha", "prompt": "The sea is", "max_tokens": 2, "temperature": 0, "return_token_ids": True}
@@ -123,10 +120,6 @@ def test_tool_prompt_ids_match_vllm_tokenize(vllm_http, embedded_http, conversat
     assert ours == tokenized == theirs
 
 
-@pytest.mark.xfail(strict=True, reason="vLLM renders a tool's missing description and parameters as null "
-                   "(\"description\": null) in the chat template; marft serve leaves them out (tools dumped with "
-                   "exclude_none), so the prompt differs. Wanted in serving/server.py chat_prompt (owner: serve) and "
-                   "wherever the trainer renders tools.")
 def test_tool_without_description_prompt_ids_match_vllm(vllm_http, embedded_http):
     tools = [{"type": "function", "function": {"name": "add"}}]
     messages = TOOL_CONVERSATIONS["user"]

@@ -17,13 +17,7 @@ from marft_bridge.serving.tool_calls import HermesParser
 from vllm_stack import BASE_NAME, TOOL_ANSWERS, TOOLS, calls_of, chat, tool_messages
 
 
-OURS_STREAMED_DROPS_NEWLINE = pytest.mark.xfail(strict=True, reason=(
-    "marft serve, streamed, drops the whitespace between text and a following call ('I will add.' where its "
-    "own non-streamed answer and vLLM, streamed or not, say 'I will add.\\n'): HermesParser holds a "
-    "whitespace-only delta and discards it once a call is made. Wanted in serving/tool_calls.py: drop only "
-    "whitespace that is all the content, as the whole-text path does."))
-CASES = [pytest.param(case, stream, id=f"{case}-{'streamed' if stream else 'plain'}",
-                      marks=[OURS_STREAMED_DROPS_NEWLINE] if (case, stream) == ("text_then_call", True) else [])
+CASES = [pytest.param(case, stream, id=f"{case}-{'streamed' if stream else 'plain'}")
          for case in TOOL_ANSWERS for stream in (False, True)]
 
 

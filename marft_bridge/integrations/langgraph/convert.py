@@ -51,7 +51,7 @@ def message(m: Any) -> dict[str, Any]:
 def sampling(params: dict[str, Any]) -> dict[str, Any] | None:
     extra = params.get("extra_body") or _EMPTY
     s = {}
-    for k in ("temperature", "top_p", "top_k", "seed"):
+    for k in ("temperature", "top_p", "top_k", "seed", "allowed_token_ids"):
         v = params.get(k, extra.get(k)) if extra else params.get(k)
         if v is not None:
             s[k] = v
