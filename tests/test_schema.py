@@ -306,7 +306,7 @@ def test_json_too_deep_for_the_parser_is_a_record_error_not_a_crash():
 
 
 def test_tool_arguments_too_deep_to_decode_are_rendered_as_recorded():
-    from marft_bridge.schema import template_tool_call
+    from marft_bridge.chat_template import template_tool_call
 
     args = "[" * 100_000 + "]" * 100_000
     call = template_tool_call({"id": "c", "type": "function", "function": {"name": "f", "arguments": args}})

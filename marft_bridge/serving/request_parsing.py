@@ -9,7 +9,7 @@ import secrets
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
-from ..schema import template_tool
+from ..chat_template import template_tool
 from .api_errors import APIError, client_gone, validation_error
 from .engine_types import GenerationRequest
 from .requests import ChatRequest, CompletionRequest, SamplingBody, template_messages

@@ -235,7 +235,7 @@ def _show(args) -> int:
 
 def _call_text(call: dict) -> str:
     """A tool call as ``name(k=v, ...)``, arguments as JSON values."""
-    from ..schema import template_tool_call
+    from ..chat_template import template_tool_call
 
     fn = template_tool_call(call)["function"]
     args = fn["arguments"]

@@ -33,8 +33,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import MarftError
-from ..schema import (Action, Episode, adapter_name, agent_adapter_name, template_message, template_tool,
-                      template_tool_call)
+from ..chat_template import template_message, template_tool, template_tool_call
+from ..schema import Action, Episode, adapter_name, agent_adapter_name
 
 log = logging.getLogger("marft_bridge.trainers")
 
