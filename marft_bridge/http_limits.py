@@ -10,11 +10,21 @@ headers must be complete within ``header_timeout`` of the connection opening (or
 response), and its body within ``body_timeout`` of its headers. Past a deadline the connection is
 closed, with a ``408`` when part of a request had come and no answer was started. While the
 application works on a request nothing is timed: generating may take long.
+
+The deadlines extend uvicorn's own h11 protocol class, so they are version-gated: outside the range
+tested (``SUPPORTED_UVICORN``) the server runs uvicorn's plain h11 protocol with a warning (keep-alive
+timeout and concurrency limit still apply, the read deadlines do not), never a server that fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import re
+
+log = logging.getLogger("marft_bridge.http_limits")
+# [lowest, highest) uvicorn version whose H11Protocol the deadlines were written against (tested: 0.54).
+SUPPORTED_UVICORN = ((0, 30), (1, 0))
 
 REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 
@@ -54,10 +64,23 @@ def run(app, args: argparse.Namespace) -> None:
                 timeout_keep_alive=args.keep_alive_timeout, limit_concurrency=args.limit_concurrency)
 
 
-def limited_h11_protocol(header_timeout: float, body_timeout: float) -> type:
-    """uvicorn's ``H11Protocol`` with the read deadlines above (a class for ``uvicorn.Config(http=...)``)."""
+def uvicorn_supported(version: str) -> bool:
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return bool(m) and SUPPORTED_UVICORN[0] <= (int(m[1]), int(m[2])) < SUPPORTED_UVICORN[1]
+
+
+def limited_h11_protocol(header_timeout: float, body_timeout: float) -> type | str:
+    """uvicorn's ``H11Protocol`` with the read deadlines above (a class for ``uvicorn.Config(http=...)``);
+    ``"h11"`` (uvicorn's own, no deadlines, with a warning) on a uvicorn outside ``SUPPORTED_UVICORN``."""
     import h11
+    import uvicorn
     from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    if not uvicorn_supported(uvicorn.__version__):
+        log.warning("uvicorn %s is outside the range marft's read deadlines support (%s to below %s): serving "
+                    "without header/body read timeouts", uvicorn.__version__,
+                    *(".".join(map(str, v)) for v in SUPPORTED_UVICORN))
+        return "h11"
 
     class LimitedH11Protocol(H11Protocol):
         _deadline = None  # the armed timer

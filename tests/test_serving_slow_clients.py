@@ -205,3 +205,20 @@ def test_the_viewer_sheds_connections_past_its_limit_until_the_idle_ones_time_ou
     finally:
         for s in idle:
             s.close()
+
+
+def test_the_read_deadlines_are_version_gated(monkeypatch, caplog):
+    """The deadlines subclass uvicorn's h11 protocol: on a uvicorn outside the tested range the server
+    runs uvicorn's own protocol and says so, rather than one that may fail on changed internals."""
+    import uvicorn
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from marft_bridge import http_limits
+
+    assert issubclass(http_limits.limited_h11_protocol(1.0, 1.0), H11Protocol)  # the installed one is supported
+    assert [http_limits.uvicorn_supported(v) for v in ("0.29.9", "0.30.0", "0.54.0", "1.0.0", "dev")] == [
+        False, True, True, False, False]
+    monkeypatch.setattr(uvicorn, "__version__", "1.2.0")
+    with caplog.at_level("WARNING", logger="marft_bridge.http_limits"):
+        assert http_limits.limited_h11_protocol(1.0, 1.0) == "h11"
+    assert "uvicorn 1.2.0 is outside" in caplog.text and "without header/body read timeouts" in caplog.text
