@@ -181,6 +181,9 @@ def test_bad_adapters_refused_old_keeps_serving(server, setup, tiny_model_dir):
     tampered = _fake_version(reg, good, 95)  # valid weights of the same shape, but not those published
     other = tmp / f"p{current % 6}"  # another version's source (p{k} became v{k + 1})
     shutil.copyfile(other / "adapter_model.safetensors", tampered / "adapter_model.safetensors")
+    rescaled = _fake_version(reg, good, 97)  # a config edited after publishing (a valid one: alpha doubled)
+    cfg = json.loads((rescaled / "adapter_config.json").read_text())
+    (rescaled / "adapter_config.json").write_text(json.dumps({**cfg, "lora_alpha": 2 * cfg["lora_alpha"]}))
     no_manifest = _fake_version(reg, good, 96)
     (no_manifest / "manifest.json").write_text("{not json")
 
@@ -195,7 +198,8 @@ def test_bad_adapters_refused_old_keeps_serving(server, setup, tiny_model_dir):
         str(reg.root / "planner" / "v93"): "outside the registry",
         str(reg.root / "planner" / "v99"): "does not exist",
         str(linked): "links to .* outside the registry",
-        str(tampered): "does not match the sha256 in its manifest.json",
+        str(tampered): "adapter_model.safetensors does not match the sha256 in its manifest.json",
+        str(rescaled): "adapter_config.json does not match the sha256 in its manifest.json",
         str(no_manifest): "not a readable manifest",
         str(good) + "\x00/evil": "does not exist",  # a NUL byte: the path cannot even be looked up
     }

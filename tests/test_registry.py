@@ -118,9 +118,15 @@ def test_resolve_refuses_links_out_nul_bytes_and_tampered_weights(tmp_path, adap
     with pytest.raises(AdapterError, match="cannot be read"):
         reg.resolve(reg.path("planner", v2))
     data = (reg.path("planner", v1) / "adapter_model.safetensors").read_bytes()
-    reg.check_weights(reg.path("planner", v1), data)
-    with pytest.raises(AdapterError, match="does not match the sha256"):
-        reg.check_weights(reg.path("planner", v1), data[:-1] + bytes([data[-1] ^ 1]))
+    config = (reg.path("planner", v1) / "adapter_config.json").read_bytes()
+    reg.check_files(reg.path("planner", v1), data, config)
+    with pytest.raises(AdapterError, match="adapter_model.safetensors does not match the sha256"):
+        reg.check_files(reg.path("planner", v1), data[:-1] + bytes([data[-1] ^ 1]), config)
+    with pytest.raises(AdapterError, match="adapter_config.json does not match the sha256"):
+        reg.check_files(reg.path("planner", v1), data, config.replace(b'"lora_alpha": ', b'"lora_alpha": 1'))
+    manifest = reg.path("planner", v1) / "manifest.json"  # a version published before configs were hashed
+    manifest.write_text(json.dumps({k: v for k, v in json.loads(manifest.read_text()).items() if k != "config_sha256"}))
+    reg.check_files(reg.path("planner", v1), data, b"{}")
 
 
 def _copy(src, dst):

@@ -86,22 +86,32 @@ def load_weights(path: str | Path, data: bytes) -> dict:
         raise AdapterError(f"{path}: {WEIGHTS_FILE} is corrupt ({e})") from None
 
 
-def inspect_adapter(path: str | Path, weights: dict | None = None) -> AdapterInfo:
-    """Parse and vet an adapter directory; raise ``AdapterError`` for anything unsafe or inconsistent.
-
-    ``weights``: its tensors as the caller loaded them (``load_weights``), so what is vetted is what
-    the caller goes on to use; else the weights file is read here.
-    """
+def read_config(path: str | Path) -> tuple[bytes, dict]:
+    """An adapter directory's ``adapter_config.json``: its bytes (what the manifest hashes) and the
+    JSON object they hold."""
     path = Path(path)
-    data = read_weights(path) if weights is None else None
     try:
-        config = json.loads((path / CONFIG_FILE).read_text())
+        data = (path / CONFIG_FILE).read_bytes()
+        config = json.loads(data)
     except FileNotFoundError:
         raise AdapterError(f"{path}: no {CONFIG_FILE}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise AdapterError(f"{path}: {CONFIG_FILE} is not valid JSON ({e})") from None
     if not isinstance(config, dict):
         raise AdapterError(f"{path}: {CONFIG_FILE} must hold a JSON object")
+    return data, config
+
+
+def inspect_adapter(path: str | Path, weights: dict | None = None, config: dict | None = None) -> AdapterInfo:
+    """Parse and vet an adapter directory; raise ``AdapterError`` for anything unsafe or inconsistent.
+
+    ``weights`` / ``config``: its tensors (``load_weights``) and config (``read_config``) as the caller
+    loaded them, so what is vetted is what the caller goes on to use; else the files are read here.
+    """
+    path = Path(path)
+    data = read_weights(path) if weights is None else None
+    if config is None:
+        config = read_config(path)[1]
     if config.get("peft_type") != "LORA":
         raise AdapterError(f"{path}: peft_type {config.get('peft_type')!r} is not LORA")
     # The same restrictions vLLM applies, so an adapter that serves here also serves there.

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from ..errors import MarftError
 from .adapter_files import (AdapterError, base_fingerprint, check_against_base, inspect_adapter, load_weights,
-                            read_weights)
+                            read_config, read_weights)
 from .adapter_slots import AdapterSlots, Slot
 from .batching import Batch, Row, RowState
 from .engine_types import (DEFAULT_MAX_QUEUED, MAX_SEED, GenerationRequest, GenerationResult, QueueFull, RequestError,
@@ -126,9 +126,9 @@ class AdapterEngine:
             manifest = read_manifest(path)
         # Read once, here in the caller's thread: the bytes vetted and checked against the manifest are
         # the bytes the worker puts into a slot (nothing reads the file again).
-        data = read_weights(path)
+        data, (config_data, config_dict) = read_weights(path), read_config(path)
         weights = load_weights(path, data)
-        info = inspect_adapter(path, weights)
+        info = inspect_adapter(path, weights, config_dict)
         adapter_fp = manifest.base_fingerprint if manifest is not None else None
         if adapter_fp is None and info.base_model:
             adapter_fp = base_fingerprint(info.base_model)
@@ -143,10 +143,12 @@ class AdapterEngine:
         if name in self._slots.routes and not load_inplace:
             raise AdapterError(f"adapter {name!r} is already loaded; pass load_inplace=true to replace it")
         if manifest is not None:
-            self.registry.check_weights(path, data, manifest)
+            self.registry.check_files(path, data, config_data, manifest)
         from peft import LoraConfig
 
-        config = LoraConfig.from_pretrained(str(path))
+        # From the bytes checked above, as LoraConfig.from_pretrained builds it from the file.
+        config = LoraConfig.from_peft_type(**LoraConfig.check_kwargs(
+            **{k: v for k, v in config_dict.items() if k != "runtime_config"}))
         return self._between_steps(lambda: self._slots.load(name, str(path), version, load_inplace, config, weights))
 
     def load_current(self) -> dict[str, str]:

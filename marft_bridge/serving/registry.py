@@ -47,6 +47,7 @@ class AdapterManifest(BaseModel):
     rank: int
     target_modules: list[str]
     sha256: str  # of adapter_model.safetensors
+    config_sha256: str | None = None  # of adapter_config.json (None: published before it was recorded)
     # The publishing service round (``marft service``): a restart after a kill finds the versions an
     # interrupted round already published and adopts them instead of publishing again.
     round_id: str | None = None
@@ -166,13 +167,15 @@ class AdapterRegistry:
                 raise AdapterError(f"{entry} links to {target}, outside the registry {self.root}; refusing to load it")
         return rel.parts[0], int(m.group(1))
 
-    def check_weights(self, version_dir: str | Path, data: bytes, manifest: AdapterManifest | None = None) -> None:
-        """Refuse weights (the bytes about to be loaded) that differ from what was published: the
-        version's manifest (read here unless the caller has it) keeps their sha256."""
+    def check_files(self, version_dir: str | Path, weights: bytes, config: bytes,
+                    manifest: AdapterManifest | None = None) -> None:
+        """Refuse weights or a config (the bytes about to be loaded) that differ from what was
+        published: the version's manifest (read here unless the caller has it) keeps their sha256."""
         manifest = manifest or read_manifest(version_dir)
-        if hashlib.sha256(data).hexdigest() != manifest.sha256:
-            raise AdapterError(f"{version_dir}: {WEIGHTS_FILE} does not match the sha256 in its {MANIFEST_FILE} "
-                               "(changed after it was published); refusing to load it")
+        for name, data, want in ((WEIGHTS_FILE, weights, manifest.sha256), (CONFIG_FILE, config, manifest.config_sha256)):
+            if want is not None and hashlib.sha256(data).hexdigest() != want:
+                raise AdapterError(f"{version_dir}: {name} does not match the sha256 in its {MANIFEST_FILE} "
+                                   "(changed after it was published); refusing to load it")
 
     # -- writing ---------------------------------------------------------------------------------
     def publish(
@@ -223,6 +226,7 @@ class AdapterRegistry:
                     rank=info.rank,
                     target_modules=list(info.target_modules),
                     sha256=_sha256(tmp / WEIGHTS_FILE),
+                    config_sha256=_sha256(tmp / CONFIG_FILE),
                     round_id=round_id,
                 )
                 (tmp / MANIFEST_FILE).write_text(manifest.model_dump_json(indent=2))
