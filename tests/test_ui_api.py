@@ -374,6 +374,18 @@ def test_a_metrics_line_too_deep_to_parse_is_one_unreadable_line(tmp_path):
     assert read_jsonl_tail(f, 10) == ([{"update": 1}, {"update": 2}], 1)
 
 
+def test_a_metrics_tail_is_read_from_the_end(tmp_path):
+    from marft_bridge.ui.files import read_jsonl_tail
+
+    f = tmp_path / "metrics.jsonl"
+    f.write_text("".join(f'{{"update": {i}, "pad": "{"x" * 50}"}}\n' for i in range(5000)) + '{"update": 50')
+    rows, bad = read_jsonl_tail(f, 3)
+    assert [r["update"] for r in rows] == [4997, 4998, 4999] and bad == 1  # the torn last line
+    # reading at most 2,000 bytes back: the rows inside them, the line cut at the start left out
+    rows, bad = read_jsonl_tail(f, 100, max_bytes=2000)
+    assert [r["update"] for r in rows] == list(range(4975, 5000)) and bad == 1
+
+
 def test_runs_series_from_metrics_jsonl(ui):
     c, _, _ = ui
     (run,) = c.get("/api/runs").json()["runs"]

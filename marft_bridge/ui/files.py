@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,24 +17,37 @@ DECISIONS_FILE = "decisions.jsonl"  # what marft service writes (marft_bridge.se
 MAX_SCAN_DEPTH = 4
 MAX_METRIC_ROWS = 20_000
 MAX_DECISIONS = 200
+TAIL_BYTES = 32 << 20  # how much of a JSONL file's end the viewer reads at most
 # Plotted first, in this order, when present (as `marft plot` does); any other numeric key follows.
 PLOT_FIRST = ["reward_mean", "kl_ref", "approx_kl", "entropy", "value_loss", "policy_loss", "clipfrac",
               "behaviour_weight", "factor_mean"]
 
 
-def read_jsonl_tail(path: Path, limit: int) -> tuple[list[dict], int]:
-    """The last ``limit`` JSON objects of a JSONL file and how many lines were unreadable. A torn
+def read_jsonl_tail(path: Path, limit: int, max_bytes: int = TAIL_BYTES) -> tuple[list[dict], int]:
+    """The last ``limit`` JSON objects of a JSONL file and how many lines were unreadable, reading
+    back from the end (at most ``max_bytes`` of it: a metrics file of any size costs the same). A torn
     last line (a writer still appending), or one nested too deep to parse, is skipped, not an error."""
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        with path.open("rb") as f:
+            pos = f.seek(0, os.SEEK_END)
+            start, chunks, newlines = max(0, pos - max_bytes), [], 0
+            while pos > start and newlines <= limit:
+                step = min(1 << 16, pos - start)
+                pos -= step
+                f.seek(pos)
+                chunks.append(f.read(step))
+                newlines += chunks[-1].count(b"\n")
     except OSError:
         return [], 0
+    lines = b"".join(reversed(chunks)).split(b"\n")
+    if pos > 0:
+        lines = lines[1:]  # begun before what was read: not a whole line
     rows, bad = [], 0
-    for line in lines[-limit:]:
+    for line in lines[-limit - 1:]:  # the last piece is empty when the file ends in a newline
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = json.loads(line.decode(errors="replace"))
         except (ValueError, RecursionError):  # RecursionError: nested too deep for the parser
             bad += 1
             continue
@@ -41,7 +55,7 @@ def read_jsonl_tail(path: Path, limit: int) -> tuple[list[dict], int]:
             rows.append(row)
         else:
             bad += 1
-    return rows, bad
+    return rows[-limit:], bad
 
 
 class Runs:
