@@ -259,12 +259,16 @@ class TraceStore(GroupCommit):
         return self._dropped_closed + (0 if self._writer is None else self._writer.dropped)
 
     def writer_stats(self) -> dict[str, Any]:
-        """How submitted episodes are written: ``mode`` ("process", "thread", or "thread" after the
-        writer processes failed: ``in_thread``), ``restarts`` of the writer process and the CPU
-        seconds it used (``process_cpu_s``, as of its last group: not on this process's clock)."""
-        sink = self._sink
+        """How submitted episodes are written: ``mode`` ("process" or "thread"; ``in_thread``: the
+        writer processes failed, a thread writes instead), ``queued`` (waiting) and ``pending``
+        (queued or being written) episodes, the writer process's ``pid``, its ``restarts`` and the
+        CPU seconds the writer processes used (``process_cpu_s``, as of their last group; not on
+        this process's clock)."""
+        sink, w = self._sink, self._writer
         return {"mode": self._writer_mode, "in_thread": sink is not None and sink.in_thread,
-                "restarts": 0 if sink is None else sink.restarts, "process_cpu_s": 0.0 if sink is None else sink.cpu_s}
+                "queued": 0 if w is None else w.queued, "pending": 0 if w is None else w.pending,
+                "pid": None if sink is None else sink.pid, "restarts": 0 if sink is None else sink.restarts,
+                "process_cpu_s": 0.0 if sink is None else sink.cpu_s}
 
     def close(self) -> None:
         """Flush submitted episodes, stop the writer (and its process), release connections. Idempotent."""

@@ -87,6 +87,18 @@ class BackgroundWriter:
             if dropped == 1 or dropped % 1000 == 0:
                 log.warning("trace queue full: %d episode(s) dropped so far", dropped)
 
+    @property
+    def queued(self) -> int:
+        """Episodes waiting in the queue (not those of the group being written)."""
+        with self._has_items:
+            return len(self._items)
+
+    @property
+    def pending(self) -> int:
+        """Episodes queued or being written."""
+        with self._has_items:
+            return self._pending
+
     def flush(self, timeout: float | None = None) -> bool:
         with self._done:
             if self._pending:

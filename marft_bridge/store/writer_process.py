@@ -118,6 +118,12 @@ class ProcessSink:
         with self._lock:
             return self._cpu_done + self._cpu_now
 
+    @property
+    def pid(self) -> int | None:
+        """The running writer process's id (None before the first group, or after it ended)."""
+        proc = self._proc
+        return None if proc is None else proc.pid
+
     def write(self, items: list[Any]) -> None:
         """One group, in order: runs of JSON to the process, anything else to the thread path."""
         run: list[Any] = []
