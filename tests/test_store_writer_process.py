@@ -275,3 +275,17 @@ def test_thread_mode_is_kept_on_request(tmp_path, monkeypatch):
     assert store.writer_stats()["mode"] == "thread" and store.writer_stats()["pid"] is None
     assert store.get_episode("ep0") == episode(0)
     store.close()
+
+
+def test_a_captured_record_is_not_walked_for_keys_a_key_that_is_not_text_is_stored_as_text(tmp_path):
+    import marft_bridge as mb
+
+    store = TraceStore.open(tmp_path / "t.db")
+    with mb.episode(store=store, metadata={1: "an int key"}) as rec:
+        rec.record_action("a", output={"text": "hi"})
+    store.submit({"id": "direct", "actions": [{"id": "x", "agent": "a"}], "metadata": {1: "an int key"}})
+    assert store.flush(timeout=120)
+    assert store.get_episode(rec.id).metadata == {"1": "an int key"}
+    assert not store.has_episode("direct")  # submit() refuses it, as add_episode does
+    assert [d.record for d in store.dead_letters()] == ["episode direct"]
+    store.close()

@@ -240,6 +240,16 @@ class TraceStore(GroupCommit):
         ``capture_stats()["store"]``, drops also in ``stats()["dropped"]``, as are episodes
         submitted to a closed store.
         """
+        self._submit(episode)
+
+    def submit_record(self, record: dict) -> None:
+        """``submit`` for a capture's own record (``EpisodeRecorder.finish``): a dict key that is not
+        text is stored as text (JSON's rule) instead of refusing the episode, so the record is not
+        walked for keys on the app's thread (``submit`` walks a dict and refuses such keys, as
+        ``add_episode`` does). The thread writer refuses them either way."""
+        self._submit(record, True)
+
+    def _submit(self, episode: Any, *copy_args: Any) -> None:
         if self._closed:
             self._dropped_closed += 1
             log.error("trace store %s is closed; episode dropped", self.url)
@@ -248,7 +258,7 @@ class TraceStore(GroupCommit):
             with self._writer_lock:
                 if self._writer is None:
                     self._writer, self._sink = start_writer(self, self._writer_mode, self._queue_size, self._on_full)
-        self._writer.submit(episode)
+        self._writer.submit(episode, *copy_args if self._sink is not None else ())
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every submitted episode is written; False if ``timeout`` passed first."""

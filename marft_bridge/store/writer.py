@@ -58,8 +58,8 @@ class BackgroundWriter:
         # Episodes submitted just before the interpreter exits are still written.
         atexit.register(self.stop)
 
-    def submit(self, episode: Any) -> None:
-        item = self._copy(episode)
+    def submit(self, episode: Any, *copy_args: Any) -> None:
+        item = self._copy(episode, *copy_args)
         waited = None  # when the app started waiting for room (back-pressure)
         dropped = 0
         with self._has_items:

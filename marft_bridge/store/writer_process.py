@@ -61,14 +61,16 @@ def start_writer(store: Any, mode: str, maxsize: int, on_full: str) -> tuple[Bac
     return BackgroundWriter(sink.write, maxsize, on_full, copy=json_snapshot, on_stop=sink.close), sink
 
 
-def json_snapshot(episode: Any) -> Any:
-    """The episode as JSON bytes, copied now; a record that is not JSON is snapshotted for the thread path."""
+def json_snapshot(episode: Any, text_keys: bool = False) -> Any:
+    """The episode as JSON bytes, copied now; a record that is not JSON is snapshotted for the thread
+    path. ``text_keys``: the caller vouches for a dict's keys (a capture's own record, whose keys
+    JSON turns into text where they are not: ``TraceStore.submit_record``), so they are not walked."""
     if isinstance(episode, bytes):
         return episode
     try:
-        if type(episode) is dict:  # what capture submits
+        if type(episode) is dict:
             data = to_json(episode)  # raises on a cycle, so the walk below ends
-            return data if _text_keys(episode) else snapshot(episode)
+            return data if text_keys or _text_keys(episode) else snapshot(episode)
         if isinstance(episode, str):
             return episode.encode()
         from ..schema import Episode
