@@ -289,3 +289,16 @@ def test_a_captured_record_is_not_walked_for_keys_a_key_that_is_not_text_is_stor
     assert not store.has_episode("direct")  # submit() refuses it, as add_episode does
     assert [d.record for d in store.dead_letters()] == ["episode direct"]
     store.close()
+
+
+def test_the_writer_processs_logs_reach_the_apps_logger(tmp_path, caplog):
+    store = TraceStore.open(tmp_path / "t.db")
+    with caplog.at_level("WARNING", logger="marft_bridge.store"):
+        store.submit({"id": "bad", "actions": [{"agent": "a", "depends_on": ["ghost"]}]})
+        assert store.flush(timeout=120)
+        pid = store.writer_stats()["pid"]
+        store.close()  # the relay has read every line once the process has exited
+        wait_until(lambda: any("trace refused" in r.getMessage() for r in caplog.records), "the relayed warning")
+    (record,) = [r for r in caplog.records if "trace refused" in r.getMessage()]
+    assert record.levelname == "WARNING" and record.name == "marft_bridge.store"
+    assert record.getMessage().startswith(f"trace writer process {pid}: trace refused: episode bad")

@@ -31,7 +31,8 @@ def main() -> int:
     os.dup2(2, 1)
     # Ctrl-C in the app's terminal is the app's to handle: the writer finishes what it was sent.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=logging.WARNING, format="marft trace writer (pid %(process)d): %(levelname)s %(message)s")
+    # stderr goes to the app's "marft_bridge.store" logger (writer_process._relay_logs): "LEVEL message".
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     inp = sys.stdin.buffer
     config = read_frame(inp)
     if config is None:

@@ -172,10 +172,11 @@ class ProcessSink:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         try:
             proc = subprocess.Popen([sys.executable, "-m", "marft_bridge.store.writer_child"], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, env=env, start_new_session=True)
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
         except OSError as e:
             self._lost(None, f"cannot start: {e}")
             return None
+        threading.Thread(target=_relay_logs, args=(proc,), name="marft-trace-writer-logs", daemon=True).start()
         config = {"url": self._store.secret_url, "limits": self._store.limits.model_dump(mode="json")}
         try:
             proc.stdin.write(frame(json.dumps(config).encode()))
@@ -210,6 +211,20 @@ class ProcessSink:
         if self._proc is not None:
             _end(self._proc, graceful=True)
             self._proc = None
+
+
+def _relay_logs(proc: subprocess.Popen) -> None:
+    """The writer process's log lines ("LEVEL message", ``writer_child``) into this process's
+    ``marft_bridge.store`` logger, so the app's logging configuration sees them as before; a line
+    without a level (a traceback, anything printed) is logged at the level of the line before."""
+    level = logging.WARNING
+    for raw in proc.stderr:
+        line = raw.decode(errors="replace").rstrip()
+        name, _, msg = line.partition(" ")
+        if isinstance(logging.getLevelName(name), int) and msg:
+            level, line = logging.getLevelName(name), msg
+        log.log(level, "trace writer process %d: %s", proc.pid, line)
+    proc.stderr.close()
 
 
 def _end(proc: subprocess.Popen, graceful: bool = False) -> None:
