@@ -9,7 +9,10 @@ The first runs the captured app ``--invokes`` times (episodes discarded) under p
 dependency: ``pip install py-spy``); the second reads py-spy's raw stacks and prints the share of
 samples in marft_bridge frames (their own time and the standard library they call; time in
 LangChain/LangGraph called from our wrappers is not ours) and the functions above 0.1%. The third
-times one Episode validation (what the store does once per episode) against a plain invoke.
+times, against a plain invoke, what ``TraceStore.submit`` costs the app's thread per captured
+episode (its JSON copy, ``writer_process.json_snapshot``, as ``submit_record`` makes it for capture and
+``submit`` for any dict, which also walks it for keys that are not text) and what the writer process does with it
+(one validation of that JSON by the record model, and the rows' JSON), off the app's GIL.
 """
 
 from __future__ import annotations
@@ -70,6 +73,8 @@ def main() -> None:
 
     import marft_bridge as mb
     from marft_bridge.schema import Episode
+    from marft_bridge.store.rows import episode_rows
+    from marft_bridge.store.writer_process import json_snapshot
 
     inputs = {"question": "what is 2 + 2?"}
     kept = Keep()
@@ -85,12 +90,23 @@ def main() -> None:
     for _ in range(n):
         plain.invoke(inputs)
     per_invoke = (time.process_time() - t0) / n
-    t0 = time.process_time()
-    for _ in range(n):
-        Episode.model_validate(kept.last)
-    per_validation = (time.process_time() - t0) / n
-    print(f"plain invoke {per_invoke * 1e3:.3f} ms CPU; validating its captured episode "
-          f"({len(kept.last['actions'])} actions) {per_validation * 1e6:.0f} us = {per_validation / per_invoke:.1%} of it")
+    data = json_snapshot(kept.last, True)
+
+    def per(fn) -> float:
+        t0 = time.process_time()
+        for _ in range(n):
+            fn()
+        return (time.process_time() - t0) / n
+
+    ep = Episode.model_validate_json(data)
+    costs = {"app's thread: JSON copy (submit_record)": per(lambda: json_snapshot(kept.last, True)),
+             "the same with the key walk (submit)": per(lambda: json_snapshot(kept.last)),
+             "writer process: validation of the JSON": per(lambda: Episode.model_validate_json(data)),
+             "writer process: the rows' JSON": per(lambda: episode_rows(ep))}
+    print(f"plain invoke {per_invoke * 1e3:.3f} ms CPU; its captured episode ({len(kept.last['actions'])} actions, "
+          f"{len(data):,} bytes of JSON):")
+    for what, c in costs.items():
+        print(f"  {what:40s} {c * 1e6:6.0f} us = {c / per_invoke:.1%} of a plain invoke")
 
 
 if __name__ == "__main__":

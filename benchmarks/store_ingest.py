@@ -118,16 +118,20 @@ def store_write(path: Path, episodes) -> tuple[float, float]:
     return dt_write, dt_read
 
 
-def store_submit(path: Path, episodes) -> float:
+def store_submit(path: Path, episodes, writer: str) -> float:
+    """``submit`` + ``flush`` wall time through the writer process or the in-thread writer, after
+    one warm-up episode (the writer process starts on the first submit: not timed)."""
     from marft_bridge.store import TraceStore
 
-    store = TraceStore.open(path)
+    store = TraceStore.open(path, writer=writer)
+    store.submit(episodes[0].model_copy(update={"id": "warm-up"}))
+    store.flush()
     t0 = time.perf_counter()
     for ep in episodes:
         store.submit(ep)
     store.flush()
     dt = time.perf_counter() - t0
-    assert store.count() == len(episodes)
+    assert store.count() == len(episodes) + 1
     store.close()
     return dt
 
@@ -169,7 +173,7 @@ def main() -> None:
     args = ap.parse_args()
     episodes = make_episodes(args.episodes, args.actions)
     n_actions = args.episodes * args.actions
-    res: dict[str, list[float]] = {k: [] for k in ("store", "submit", "same", "actions", "read")}
+    res: dict[str, list[float]] = {k: [] for k in ("store", "submit", "submit_thread", "same", "actions", "read")}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeat):
             # Interleaved so machine noise hits every contender alike.
@@ -178,14 +182,16 @@ def main() -> None:
             res["store"].append(w)
             res["read"].append(rd)
             res["actions"].append(bare_sqlite_actions_only(Path(tmp, f"actions{r}.db"), episodes))
-            res["submit"].append(store_submit(Path(tmp, f"submit{r}.db"), episodes))
+            res["submit"].append(store_submit(Path(tmp, f"submit{r}.db"), episodes, "process"))
+            res["submit_thread"].append(store_submit(Path(tmp, f"submit-thread{r}.db"), episodes, "thread"))
             if args.postgres:
                 res.setdefault("postgres", []).append(store_write_postgres(args.postgres, episodes))
     med = {k: statistics.median(v) for k, v in res.items()}
-    rate = {k: n_actions / med[k] for k in ("store", "submit", "same", "actions")}
+    rate = {k: n_actions / med[k] for k in ("store", "submit", "submit_thread", "same", "actions")}
     print(f"{args.episodes} episodes x {args.actions} actions, median of {args.repeat} interleaved rounds")
     print(f"  TraceStore.add_episode           {rate['store']:>9,.0f} actions/s  ({args.episodes / med['store']:,.0f} episodes/s)")
-    print(f"  TraceStore.submit + flush        {rate['submit']:>9,.0f} actions/s")
+    print(f"  TraceStore.submit + flush        {rate['submit']:>9,.0f} actions/s  (writer process)")
+    print(f"  the same, in-thread writer       {rate['submit_thread']:>9,.0f} actions/s")
     print(f"  bare sqlite3, same rows          {rate['same']:>9,.0f} actions/s")
     print(f"  bare sqlite3, action rows only   {rate['actions']:>9,.0f} actions/s")
     print(f"  ratio add_episode / same rows    {rate['store'] / rate['same']:.2f}   (target >= 0.5)")

@@ -9,7 +9,11 @@ API
 ``guarded(where, recorder=None)``: context manager that logs + counts any exception.
 ``capture_error(where, exc, recorder=None)`` counts one (and on ``recorder``, which carries its
 count into the episode's metadata); ``capture_stats()`` returns
-``{"errors": n, "by_where": {...}, "last": "..."}``; ``reset_capture_stats()`` for tests.
+``{"errors": n, "by_where": {...}, "last": "...", "store": {...}}``; ``reset_capture_stats()`` for tests.
+``store`` counts what the trace stores' write queues did (``count_store``): ``waits`` (a submit
+waited for room: back-pressure) and ``wait_s`` (for how long in all), ``dropped`` (a full queue with
+``on_full="drop"``, or a closed store), ``writer_restarts`` (a writer process that died, started
+again), ``thread_fallbacks`` (a store that writes in a thread after its writer process failed).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ class _Stats:
         self.errors = 0
         self.by_where: Counter[str] = Counter()
         self.last: str | None = None
+        self.store: Counter[str] = Counter()
+        self.store_wait_s = 0.0
 
 
 _STATS = _Stats()
@@ -85,9 +91,18 @@ class guarded:  # noqa: N801 - used like a function: ``with guarded("where"):``
         return True
 
 
+def count_store(what: str, seconds: float = 0.0) -> None:
+    """Count one event of a trace store's write queue (see the module docstring)."""
+    with _STATS.lock:
+        _STATS.store[what] += 1
+        _STATS.store_wait_s += seconds
+
+
 def capture_stats() -> dict[str, Any]:
     with _STATS.lock:
-        return {"errors": _STATS.errors, "by_where": dict(_STATS.by_where), "last": _STATS.last}
+        store = {k: _STATS.store[k] for k in ("waits", "dropped", "writer_restarts", "thread_fallbacks")}
+        store["wait_s"] = _STATS.store_wait_s
+        return {"errors": _STATS.errors, "by_where": dict(_STATS.by_where), "last": _STATS.last, "store": store}
 
 
 def reset_capture_stats() -> None:
@@ -95,3 +110,5 @@ def reset_capture_stats() -> None:
         _STATS.errors = 0
         _STATS.by_where.clear()
         _STATS.last = None
+        _STATS.store.clear()
+        _STATS.store_wait_s = 0.0

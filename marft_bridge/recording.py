@@ -2,8 +2,8 @@
 
 Adapters (LangGraph, OpenAI client, MCP, A2A, OpenTelemetry) never build an ``Episode`` by hand:
 they find or open an ``EpisodeRecorder`` and call ``record_action``; the recorder assigns ids and
-steps, checks dependencies, and at the end submits one validated ``Episode`` to the store's
-bounded background queue. Capture must never break the application, so adapters wrap their own
+steps, checks dependencies, and at the end submits the episode record (a dict, unvalidated) to the
+store's bounded background queue; the store's writer process validates it, off the app's GIL. Capture must never break the application, so adapters wrap their own
 work in ``guarded(...)`` (``capture_errors``): an exception there is logged and counted, never
 raised into the app.
 
@@ -46,7 +46,7 @@ API
     unvalidated ``(kind, agent, step, id, depends_on)`` of each action), ``last_action_id(agent=None)``,
     ``activate()``, ``wrap(fn)``, ``integration_data`` (a dict each capture integration keeps its
     per-episode state in, under its own key), ``finish(status="completed", error=None)`` (idempotent; submits
-    the episode record to the store, which validates it in its writer thread and dead-letters it
+    the episode record to the store, which validates it in its writer (a process) and dead-letters it
     with the reason if it is invalid), ``episode`` (the finished ``Episode``, validated on demand).
 
 ``jsonable(obj)``: a JSON-safe copy of an app input/output (what ``Episode.task`` holds).
@@ -191,7 +191,7 @@ class EpisodeRecorder:
         self.closed = False
         self._lock = threading.Lock()
         # Actions are kept as plain dicts; the store validates the finished episode in its writer
-        # thread, so the app's thread pays for neither a second validation nor a model dump.
+        # process, so the app's thread pays for neither a validation nor a model dump.
         self._actions: list[dict[str, Any]] = []
         self._index: dict[str, dict[str, Any]] = {}
         self._rewards: list[Reward] = []
@@ -396,7 +396,9 @@ class EpisodeRecorder:
             }
             self._data = data
         try:
-            self.store.submit(data)
+            store = self.store
+            # A TraceStore takes its capture's records without walking them for keys (submit_record).
+            getattr(store, "submit_record", store.submit)(data)
         except Exception as e:  # noqa: BLE001 - the store must not break the app either
             capture_error("recording.submit", e)
         if episode_context.listening():

@@ -521,6 +521,7 @@ def test_store_failure_and_reward_fn_failure_do_not_reach_the_app(sqlite_store, 
         raise OSError("disk full")
 
     monkeypatch.setattr(sqlite_store, "submit", broken_submit)
+    monkeypatch.setattr(sqlite_store, "submit_record", broken_submit)  # what capture calls on a TraceStore
     app = mb.instrument(chain_app(), store=sqlite_store, reward_fn=lambda i, o: 1 / 0)
     out = app.invoke({"question": "q"})
     assert out["review"] == "looks right"

@@ -1,8 +1,8 @@
 """TraceStore: Flex-POMDP episodes in SQLite (default) or PostgreSQL through SQLAlchemy Core.
 
 Every episode is written whole or not at all, so a crash never leaves half an episode
-(``add_episode`` is one transaction; the background writer of ``submit`` commits several whole,
-validated episodes per transaction). Writing an id
+(``add_episode`` is one transaction; the background writer of ``submit``, a process of its own by
+default (``writer_process.py``), commits several whole, validated episodes per transaction). Writing an id
 that is already stored merges: the new actions and rewards are appended (cross-process capture
 writes the halves of one episode), and the merged episode must validate. Refused records go to a
 dead-letter table with the reason; so does a stored episode that cannot be read back (reads skip
@@ -25,9 +25,9 @@ from pydantic import ValidationError
 
 from ..errors import MarftError, RecordError
 from ..limits import RecordLimits
-from ..schema import STORED, Episode, Reward, parse_episode, record_error
+from ..schema import Episode, Reward, record_error
 from . import tables as t
-from .engines import NEW_EPISODES, create_engines, normalize_url, short_error
+from .engines import create_engines, normalize_url, short_error
 from .files import export_episodes, import_file
 from .quarantine import quarantine_tx, scan
 from .reads import (READ_CHUNK, change_cursor, changes_after, dead_letter_list, load_episodes, quarantined_count,
@@ -36,18 +36,24 @@ from .records import DeadLetter, DoctorReport, EpisodeNotFound, EpisodeUnreadabl
 from .rows import (MAX_DEAD_LETTER_CHARS, Rows, check_record_size, episode_rows, filter_clauses, listing, merge_halves,
                    preview, to_data)
 from .transactions import WriteTransactions
-from .writer import BackgroundWriter, Snapshot
+from .writer_groups import GroupCommit
+from .writer_process import WRITER_MODES, start_writer
 
 log = logging.getLogger("marft_bridge.store")
 
 
-class TraceStore:
+class TraceStore(GroupCommit):
     """Episodes, rewards, dead letters and a change log in one SQL database."""
 
     def __init__(self, url: str, *, queue_size: int = 1000, on_full: str = "block",
-                 limits: RecordLimits | dict | None = None):
+                 limits: RecordLimits | dict | None = None, writer: str | None = None):
         if on_full not in ("block", "drop"):
             raise MarftError(f"on_full must be 'block' or 'drop', not {on_full!r}")
+        writer = writer or os.environ.get("MARFT_STORE_WRITER") or "process"
+        if writer not in WRITER_MODES:
+            raise MarftError(f"writer must be 'process' or 'thread', not {writer!r} (MARFT_STORE_WRITER)")
+        self._writer_mode = writer
+        self._sink = None  # the writer process's end, in "process" mode
         self.limits = RecordLimits.of(limits)
         self._skipped = 0  # unreadable stored episodes this object's reads passed over
         self._queue_size = queue_size
@@ -66,9 +72,14 @@ class TraceStore:
     def is_postgres(self) -> bool:
         return self._writes.is_postgres
 
+    @property
+    def secret_url(self) -> str:
+        """The URL with its password, for the writer process (``url`` masks it)."""
+        return self._engine.url.render_as_string(hide_password=False)
+
     @classmethod
     def open(cls, url: str | os.PathLike | None = None, *, queue_size: int = 1000, on_full: str = "block",
-             limits: RecordLimits | dict | None = None) -> TraceStore:
+             limits: RecordLimits | dict | None = None, writer: str | None = None) -> TraceStore:
         """Open (creating if needed) a store.
 
         ``url``: None -> ``$MARFT_STORE`` or ``./.marft/traces.db``; a filesystem path -> SQLite file;
@@ -76,8 +87,10 @@ class TraceStore:
         ``queue_size``/``on_full`` configure ``submit()``'s bounded queue ("block" or "drop").
         ``limits``: the record limits every write is checked against (``RecordLimits`` or a dict of
         its fields; default: ``$MARFT_MAX_*`` or the documented defaults, see ``marft_bridge.limits``).
+        ``writer``: who writes submitted episodes, "process" (a writer process, the default) or
+        "thread" (a thread of this process); default ``$MARFT_STORE_WRITER``.
         """
-        return cls(normalize_url(url), queue_size=queue_size, on_full=on_full, limits=limits)
+        return cls(normalize_url(url), queue_size=queue_size, on_full=on_full, limits=limits, writer=writer)
 
     def __repr__(self) -> str:
         return f"TraceStore({self.url!r})"
@@ -131,118 +144,6 @@ class TraceStore:
             self.dead_letter(e, episode)
             raise e from None
         return ep.id if ep is not None else data["id"]
-
-    def _write_queued(self, items: list[Any]) -> None:
-        """The background writer's group commit: write queued episodes, several per transaction.
-
-        Each episode is still all-or-nothing: all are validated first, one at a time; a run of
-        valid ones is written in one transaction (one commit instead of one per episode, the main
-        cost of small writes), and one that does not validate alone (refused and dead-lettered,
-        or a half that needs the stored half) goes through ``add_episode`` in its place in the
-        order. If a group's transaction fails, its episodes are written one by one, so a bad one
-        cannot take valid ones down with it. Errors are logged, never raised.
-        """
-        # The group keeps the queued snapshots (bytes), not the loaded dicts nor the validated
-        # Episodes: thousands of live containers would set off the cyclic GC in the app's time.
-        group: list[tuple[str, Rows, Any]] = []
-        for item in items:
-            try:
-                data = _unqueued(item)
-                ep, rows = self._validated(data if isinstance(data, (bytes, str)) else to_data(data, self.limits))
-                group.append((ep.id, rows, item))
-            except (RecordError, ValidationError):
-                self._write_group(group)
-                group = []
-                self._write_one(item)
-            except Exception as e:  # noqa: BLE001 - a snapshot that cannot be loaded back
-                self._write_group(group)
-                group = []
-                self.dead_letter(RecordError(None, None, f"cannot be read back from the write queue: {e}"), item)
-        self._write_group(group)
-
-    def _validated(self, data: dict | bytes | str) -> tuple[Episode, Rows]:
-        """``data`` (a dict, or JSON text: a submitted Episode is queued as JSON, parsed and validated
-        in one pass in Rust) as an Episode and its rows; RecordError or ValidationError if refused.
-        The record limits are judged on the rows' JSON (``Rows.fields_within``); an episode past one,
-        or whose rows cannot be made, is validated again by the record model, so it is refused as
-        without a store, naming the field. One that breaks an invariant is refused at once."""
-        def validate(check_fields: bool) -> Episode:
-            if isinstance(data, dict):
-                return parse_episode(data, limits=self.limits, check_fields=check_fields)
-            return Episode.model_validate_json(data, context={"limits": self.limits} if check_fields else STORED)
-
-        ep = validate(False)
-        try:
-            rows = episode_rows(ep, limits=self.limits)
-            if rows.fields_within:
-                return ep, rows
-        except RecordError:  # not JSON, or too big: a field past a limit, if there is one, is the reason
-            pass
-        ep = validate(True)
-        return ep, episode_rows(ep, limits=self.limits)
-
-    def _write_group(self, group: list[tuple[str, Rows, Any]]) -> None:
-        if not group:
-            return
-        try:
-            self._writes.retry(lambda conn: self._write_new_episodes(conn, group))
-            return
-        except Exception as e:  # noqa: BLE001 - e.g. a merge that does not validate: one by one
-            log.info("group write of %d episode(s) failed (%s); writing them one by one", len(group), e)
-        for _, _, item in group:
-            self._write_one(item)
-
-    def _write_one(self, item: Any) -> None:
-        try:
-            self.add_episode(_unqueued(item))  # a refused record is dead-lettered there
-        except RecordError as e:
-            log.warning("trace refused: %s", e)
-        except Exception:  # noqa: BLE001 - never let one bad write stop the writer
-            log.exception("trace write failed")
-
-    def _write_new_episodes(self, conn: sa.Connection, group: list[tuple[str, Rows, Any]]) -> None:
-        """Validated episodes in one transaction, rows of new episodes in one executemany per table;
-        an id already stored (or earlier in the group) is merged in its place in the order.
-
-        SQLite holds the write lock from BEGIN, so one query finds the stored ids up front; each
-        SQLite call releases the GIL, and a call per episode would hand it to the app every time.
-        PostgreSQL inserts each episode on its own (ON CONFLICT), as concurrent writers may race.
-        """
-        stored: set[str] = set()
-        if not self.is_postgres:
-            ids = list({eid for eid, _, _ in group})
-            stored = {r[0] for r in conn.execute(sa.select(t.episodes.c.id).where(t.episodes.c.id.in_(ids)))}
-        batch = Rows([], [], [], [])
-        changes: list[dict] = []
-
-        def write_batch() -> None:
-            if batch.episode:
-                self._writes.insert(conn, NEW_EPISODES, batch.episode)
-            self._writes.insert_children(conn, batch)
-            if changes:
-                self._writes.log_changes(conn, changes)
-            batch.episode, batch.agents, batch.actions, batch.rewards = [], [], [], []
-            changes.clear()
-
-        now = time.time()
-        for eid, rows, item in group:
-            if self.is_postgres:
-                new = self._writes.insert(conn, t.episodes, rows.episode) is not None
-            else:
-                new = eid not in stored
-                if new:
-                    batch.episode.append(rows.episode)
-                    stored.add(eid)
-            if new:
-                batch.agents += rows.agents
-                batch.actions += rows.actions
-                batch.rewards += rows.rewards
-                changes.append({"episode_id": eid, "kind": "add", "created_at": now})
-                continue
-            write_batch()  # the merge reads the stored episode: everything before it is written first
-            if not self._merge_tx(conn, eid, to_data(_unqueued(item), self.limits)):
-                raise MarftError(f"episode {eid} is neither new nor stored")
-        write_batch()
 
     def add_episodes(self, episodes: Iterable[Episode | dict | str | bytes]) -> WriteReport:
         """Write many episodes (each its own transaction); refused ones are dead-lettered and reported."""
@@ -331,20 +232,33 @@ class TraceStore:
     def submit(self, episode: Episode | dict | str | bytes) -> None:
         """Queue an episode for the background writer and return at once (capture hooks use this).
 
-        The episode is snapshotted now (as JSON), so later changes to the object are not written.
-        The writer thread waits briefly for more episodes and commits them together; ``flush()``
-        writes everything queued at once. Errors in the writer are logged and dead-lettered, never
-        raised here. With ``on_full="drop"`` a full queue drops the episode and counts it
-        (``stats()["dropped"]``), as does a closed store.
+        The episode is copied now (as JSON bytes), so later changes to the object are not written.
+        A writer process (``writer_process.py``; ``writer="thread"``: a thread) validates and
+        writes queued episodes in groups; ``flush()`` writes everything queued at once. Errors
+        there are logged and dead-lettered, never raised here. A full queue makes this wait
+        (``on_full="block"``) or drops the episode (``"drop"``); waits and drops are counted in
+        ``capture_stats()["store"]``, drops also in ``stats()["dropped"]``, as are episodes
+        submitted to a closed store.
         """
+        self._submit(episode)
+
+    def submit_record(self, record: dict) -> None:
+        """``submit`` for a capture's own record (``EpisodeRecorder.finish``): a dict key that is not
+        text is stored as text (JSON's rule) instead of refusing the episode, so the record is not
+        walked for keys on the app's thread (``submit`` walks a dict and refuses such keys, as
+        ``add_episode`` does). The thread writer refuses them either way."""
+        self._submit(record, True)
+
+    def _submit(self, episode: Any, *copy_args: Any) -> None:
         if self._closed:
             self._dropped_closed += 1
             log.error("trace store %s is closed; episode dropped", self.url)
             return
-        with self._writer_lock:
-            if self._writer is None:
-                self._writer = BackgroundWriter(self._write_queued, self._queue_size, self._on_full)
-        self._writer.submit(episode)
+        if self._writer is None:
+            with self._writer_lock:
+                if self._writer is None:
+                    self._writer, self._sink = start_writer(self, self._writer_mode, self._queue_size, self._on_full)
+        self._writer.submit(episode, *copy_args if self._sink is not None else ())
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every submitted episode is written; False if ``timeout`` passed first."""
@@ -354,8 +268,20 @@ class TraceStore:
     def dropped(self) -> int:
         return self._dropped_closed + (0 if self._writer is None else self._writer.dropped)
 
+    def writer_stats(self) -> dict[str, Any]:
+        """How submitted episodes are written: ``mode`` ("process" or "thread"; ``in_thread``: the
+        writer processes failed, a thread writes instead), ``queued`` (waiting) and ``pending``
+        (queued or being written) episodes, the writer process's ``pid``, its ``restarts`` and the
+        CPU seconds the writer processes used (``process_cpu_s``, as of their last group; not on
+        this process's clock)."""
+        sink, w = self._sink, self._writer
+        return {"mode": self._writer_mode, "in_thread": sink is not None and sink.in_thread,
+                "queued": 0 if w is None else w.queued, "pending": 0 if w is None else w.pending,
+                "pid": None if sink is None else sink.pid, "restarts": 0 if sink is None else sink.restarts,
+                "process_cpu_s": 0.0 if sink is None else sink.cpu_s}
+
     def close(self) -> None:
-        """Flush submitted episodes, stop the writer, release connections. Idempotent."""
+        """Flush submitted episodes, stop the writer (and its process), release connections. Idempotent."""
         if self._closed:
             return
         if self._writer is not None:
@@ -533,12 +459,3 @@ class TraceStore:
     def import_(self, path: str | os.PathLike, format: str | None = None) -> WriteReport:
         """Validate and add every episode of a JSONL or Parquet file; bad records are refused and reported."""
         return import_file(self, path, format)
-
-
-# -- helpers -----------------------------------------------------------------------------------
-
-
-def _unqueued(item: Any) -> Any:
-    """A queued record as submitted (the background queue holds dicts as pickle snapshots)."""
-    return item.load() if isinstance(item, Snapshot) else item
-

@@ -3,8 +3,13 @@
 Capture hooks run inside the user's application; a slow disk or a bad record must neither block
 nor crash it, so errors are logged and dead-lettered here and never raised into the caller.
 
-The thread hands groups to the ``write`` callback it was given (the store's group commit, several
-episodes per transaction); it knows nothing else of the store.
+The thread hands groups to the ``write`` callback it was given: the store's group commit (several
+episodes per transaction) in this thread, or ``writer_process.ProcessSink``, which sends each group
+to a writer process and waits for it to be committed there; it knows nothing else of the store.
+``copy`` copies each episode at ``submit`` (here: pickle for dicts, JSON for Episodes; the
+process sink: JSON bytes for both). At most ``maxsize`` episodes wait in the queue, besides the
+group being written: a full queue makes ``submit`` wait ("block") or drop and count ("drop"); both
+are counted in ``capture_stats()["store"]``.
 Once an episode arrives it waits up to ``linger`` seconds for more before writing them all, so
 under load it wakes, takes the GIL and commits once per group instead of once per episode; a
 ``flush()``, ``close()`` or a full queue ends the wait at once.
@@ -16,9 +21,12 @@ import atexit
 import logging
 import pickle
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+from ..capture_errors import count_store
 
 log = logging.getLogger("marft_bridge.store")
 
@@ -27,8 +35,11 @@ MAX_GROUP = 500  # episodes per transaction: keeps other writers' waits for the 
 
 
 class BackgroundWriter:
-    def __init__(self, write: Callable[[list[Any]], None], maxsize: int, on_full: str, linger: float = LINGER_S):
+    def __init__(self, write: Callable[[list[Any]], None], maxsize: int, on_full: str, linger: float = LINGER_S,
+                 copy: Callable[[Any], Any] | None = None, on_stop: Callable[[], None] | None = None):
         self._write = write  # writes one group; expected to log and dead-letter, not raise
+        self._copy = copy or snapshot
+        self._on_stop = on_stop  # run once the thread has written everything and ended
         self._items: deque = deque()
         self._maxsize = max(1, maxsize)
         self._on_full = on_full
@@ -47,29 +58,46 @@ class BackgroundWriter:
         # Episodes submitted just before the interpreter exits are still written.
         atexit.register(self.stop)
 
-    def submit(self, episode: Any) -> None:
-        item = _snapshot(episode)
+    def submit(self, episode: Any, *copy_args: Any) -> None:
+        item = self._copy(episode, *copy_args)
+        waited = None  # when the app started waiting for room (back-pressure)
+        dropped = 0
         with self._has_items:
             while not self._stopped and len(self._items) >= self._maxsize:
                 self._urgent = True  # the writer stops lingering and drains
                 self._has_items.notify()
                 if self._on_full == "drop":
-                    self.dropped += 1
-                    dropped = self.dropped
                     break
+                waited = time.perf_counter() if waited is None else waited
                 self._not_full.wait()
+            if self._stopped or len(self._items) >= self._maxsize:
+                # Full with on_full="drop", or lost a race with close(): count it, never hang a later flush.
+                self.dropped += 1
+                dropped = self.dropped
             else:
-                if self._stopped:  # lost a race with close(): count it, never hang a later flush
-                    self.dropped += 1
-                    return
                 self._items.append(item)
                 self._pending += 1
                 if self._idle:
                     self._idle = False
                     self._has_items.notify()
-                return
-        if dropped == 1 or dropped % 1000 == 0:
-            log.warning("trace queue full: %d episode(s) dropped so far", dropped)
+        if waited is not None:
+            count_store("waits", seconds=time.perf_counter() - waited)
+        if dropped:
+            count_store("dropped")
+            if dropped == 1 or dropped % 1000 == 0:
+                log.warning("trace queue full: %d episode(s) dropped so far", dropped)
+
+    @property
+    def queued(self) -> int:
+        """Episodes waiting in the queue (not those of the group being written)."""
+        with self._has_items:
+            return len(self._items)
+
+    @property
+    def pending(self) -> int:
+        """Episodes queued or being written."""
+        with self._has_items:
+            return self._pending
 
     def flush(self, timeout: float | None = None) -> bool:
         with self._done:
@@ -87,6 +115,9 @@ class BackgroundWriter:
                 self._has_items.notify()
                 self._not_full.notify_all()  # blocked submitters count their episode as dropped
             self._thread.join()
+        on_stop, self._on_stop = self._on_stop, None
+        if on_stop is not None:
+            on_stop()
 
     def _take(self) -> list[Any] | None:
         """The next group to write (None: stopped), after lingering for more."""
@@ -137,7 +168,12 @@ class Snapshot:
         return pickle.loads(self.data)
 
 
-def _snapshot(episode: Any) -> Any:
+def unqueued(item: Any) -> Any:
+    """A queued record as submitted (the thread's queue holds dicts as pickle snapshots)."""
+    return item.load() if isinstance(item, Snapshot) else item
+
+
+def snapshot(episode: Any) -> Any:
     from ..schema import Episode
 
     if isinstance(episode, Episode):

@@ -1,0 +1,138 @@
+"""The store's group commit: what its background writers (``writer.py``, a thread; ``writer_process.py``,
+a process) call with a group of queued episodes. A mixin of ``TraceStore`` (its SQL helpers and
+``add_episode``/``dead_letter`` are the store's own).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from pydantic import ValidationError
+
+from ..errors import MarftError, RecordError
+from ..schema import STORED, Episode, parse_episode
+from . import tables as t
+from .engines import NEW_EPISODES
+from .rows import Rows, episode_rows, to_data
+from .writer import unqueued
+
+log = logging.getLogger("marft_bridge.store")
+
+
+class GroupCommit:
+    """``write_queued`` and its steps; mixed into ``TraceStore``."""
+
+    def write_queued(self, items: list[Any]) -> None:
+        """The background writers' group commit: write queued episodes, several per transaction.
+
+        Each episode is still all-or-nothing: all are validated first, one at a time; a run of
+        valid ones is written in one transaction (one commit instead of one per episode, the main
+        cost of small writes), and one that does not validate alone (refused and dead-lettered,
+        or a half that needs the stored half) goes through ``add_episode`` in its place in the
+        order. If a group's transaction fails, its episodes are written one by one, so a bad one
+        cannot take valid ones down with it. Errors are logged, never raised.
+        """
+        # The group keeps the queued snapshots (bytes), not the loaded dicts nor the validated
+        # Episodes: thousands of live containers would set off the cyclic GC in the app's time.
+        group: list[tuple[str, Rows, Any]] = []
+        for item in items:
+            try:
+                data = unqueued(item)
+                ep, rows = self._validated(data if isinstance(data, (bytes, str)) else to_data(data, self.limits))
+                group.append((ep.id, rows, item))
+            except (RecordError, ValidationError):
+                self._write_group(group)
+                group = []
+                self._write_one(item)
+            except Exception as e:  # noqa: BLE001 - a snapshot that cannot be loaded back
+                self._write_group(group)
+                group = []
+                self.dead_letter(RecordError(None, None, f"cannot be read back from the write queue: {e}"), item)
+        self._write_group(group)
+
+    def _validated(self, data: dict | bytes | str) -> tuple[Episode, Rows]:
+        """``data`` (a dict, or JSON text: a submitted Episode is queued as JSON, parsed and validated
+        in one pass in Rust) as an Episode and its rows; RecordError or ValidationError if refused.
+        The record limits are judged on the rows' JSON (``Rows.fields_within``); an episode past one,
+        or whose rows cannot be made, is validated again by the record model, so it is refused as
+        without a store, naming the field. One that breaks an invariant is refused at once."""
+        def validate(check_fields: bool) -> Episode:
+            if isinstance(data, dict):
+                return parse_episode(data, limits=self.limits, check_fields=check_fields)
+            return Episode.model_validate_json(data, context={"limits": self.limits} if check_fields else STORED)
+
+        ep = validate(False)
+        try:
+            rows = episode_rows(ep, limits=self.limits)
+            if rows.fields_within:
+                return ep, rows
+        except RecordError:  # not JSON, or too big: a field past a limit, if there is one, is the reason
+            pass
+        ep = validate(True)
+        return ep, episode_rows(ep, limits=self.limits)
+
+    def _write_group(self, group: list[tuple[str, Rows, Any]]) -> None:
+        if not group:
+            return
+        try:
+            self._writes.retry(lambda conn: self._write_new_episodes(conn, group))
+            return
+        except Exception as e:  # noqa: BLE001 - e.g. a merge that does not validate: one by one
+            log.info("group write of %d episode(s) failed (%s); writing them one by one", len(group), e)
+        for _, _, item in group:
+            self._write_one(item)
+
+    def _write_one(self, item: Any) -> None:
+        try:
+            self.add_episode(unqueued(item))  # a refused record is dead-lettered there
+        except RecordError as e:
+            log.warning("trace refused: %s", e)
+        except Exception:  # noqa: BLE001 - never let one bad write stop the writer
+            log.exception("trace write failed")
+
+    def _write_new_episodes(self, conn: sa.Connection, group: list[tuple[str, Rows, Any]]) -> None:
+        """Validated episodes in one transaction, rows of new episodes in one executemany per table;
+        an id already stored (or earlier in the group) is merged in its place in the order.
+
+        SQLite holds the write lock from BEGIN, so one query finds the stored ids up front; each
+        SQLite call releases the GIL, and a call per episode would hand it to the app every time.
+        PostgreSQL inserts each episode on its own (ON CONFLICT), as concurrent writers may race.
+        """
+        stored: set[str] = set()
+        if not self.is_postgres:
+            ids = list({eid for eid, _, _ in group})
+            stored = {r[0] for r in conn.execute(sa.select(t.episodes.c.id).where(t.episodes.c.id.in_(ids)))}
+        batch = Rows([], [], [], [])
+        changes: list[dict] = []
+
+        def write_batch() -> None:
+            if batch.episode:
+                self._writes.insert(conn, NEW_EPISODES, batch.episode)
+            self._writes.insert_children(conn, batch)
+            if changes:
+                self._writes.log_changes(conn, changes)
+            batch.episode, batch.agents, batch.actions, batch.rewards = [], [], [], []
+            changes.clear()
+
+        now = time.time()
+        for eid, rows, item in group:
+            if self.is_postgres:
+                new = self._writes.insert(conn, t.episodes, rows.episode) is not None
+            else:
+                new = eid not in stored
+                if new:
+                    batch.episode.append(rows.episode)
+                    stored.add(eid)
+            if new:
+                batch.agents += rows.agents
+                batch.actions += rows.actions
+                batch.rewards += rows.rewards
+                changes.append({"episode_id": eid, "kind": "add", "created_at": now})
+                continue
+            write_batch()  # the merge reads the stored episode: everything before it is written first
+            if not self._merge_tx(conn, eid, to_data(unqueued(item), self.limits)):
+                raise MarftError(f"episode {eid} is neither new nor stored")
+        write_batch()
