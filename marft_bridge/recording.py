@@ -180,9 +180,13 @@ class EpisodeRecorder:
         metadata: dict[str, Any] | None = None,
         episode_id: str | None = None,
         registry: Any = None,
+        limits: Any = None,
     ):
         self.id = episode_id or _fast_id()
         self._store = store
+        # The record limits validations here use: given, else the store's (``TraceStore.limits``), else
+        # the defaults; so what this store would take is never refused here first.
+        self._limits = limits
         self.registry = registry
         self.task = jsonable(task) if task is not None else None
         self.source = source
@@ -279,7 +283,7 @@ class EpisodeRecorder:
             data["step"] = step if step >= dep_step else dep_step
             data["depends_on"] = deps
             if validate:
-                Action.model_validate(data)  # one pass in pydantic-core; raises RecordError-like errors
+                Action.model_validate(data, context=self._context())  # one pass; raises RecordError-like errors
             if data["id"] in self._index:
                 raise ValueError(f"duplicate action id {data['id']!r}")
             self._actions.append(data)
@@ -315,7 +319,8 @@ class EpisodeRecorder:
         """The recorded actions as validated ``Action`` records."""
         with self._lock:
             raw = list(self._actions)
-        return [Action.model_validate(a) for a in raw]
+        ctx = self._context()
+        return [Action.model_validate(a, context=ctx) for a in raw]
 
     def action_links(self) -> list[tuple[str, str, int, str, list[str]]]:
         """``(kind, agent, step, id, depends_on)`` of each recorded action, in order: the graph
@@ -326,7 +331,11 @@ class EpisodeRecorder:
 
     def get_action(self, action_id: str) -> Action | None:
         raw = self._index.get(action_id)
-        return Action.model_validate(raw) if raw is not None else None
+        return Action.model_validate(raw, context=self._context()) if raw is not None else None
+
+    def _context(self) -> dict[str, Any] | None:
+        limits = self._limits if self._limits is not None else getattr(self._store, "limits", None)
+        return {"limits": limits} if limits is not None else None
 
     def max_step(self) -> int | None:
         with self._lock:
@@ -412,7 +421,7 @@ class EpisodeRecorder:
         """The finished episode, validated (None before ``finish`` or when it is invalid)."""
         if self._episode is None and self._data is not None and not self._invalid:
             try:
-                self._episode = Episode.model_validate(self._data)
+                self._episode = Episode.model_validate(self._data, context=self._context())
             except Exception as e:  # noqa: BLE001 - the store refuses and dead-letters it too
                 self._invalid = True
                 capture_error("recording.finish", e)

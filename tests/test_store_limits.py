@@ -284,13 +284,15 @@ def test_the_cli_import_of_a_deep_line_is_one_refusal_not_a_traceback(tmp_path, 
     assert [json.loads(x)["id"] for x in (tmp_path / "out.jsonl").read_text().splitlines()] == ["g1"]
 
 
-def test_the_otel_processor_dead_letters_a_deep_trace_and_stores_the_next(sqlite_store):
+def otel_app(store):
+    """An OTel-instrumented app's one workflow with one chat span, captured into ``store``; a call
+    traces one run with the given task text."""
     from opentelemetry.sdk.trace import TracerProvider
 
     from marft_bridge.integrations import otel
 
     tp = TracerProvider()
-    tp.add_span_processor(otel.EpisodeSpanProcessor(sqlite_store))
+    tp.add_span_processor(otel.EpisodeSpanProcessor(store))
     tracer = tp.get_tracer("app")
 
     def trace(task_text: str) -> None:
@@ -301,6 +303,30 @@ def test_the_otel_processor_dead_letters_a_deep_trace_and_stores_the_next(sqlite
                                                                      "gen_ai.request.model": "m"}):
                 pass
 
+    return trace
+
+
+def test_the_otel_processor_judges_a_trace_by_its_stores_limits(tmp_path):
+    """A store whose limits are looser than the defaults takes from OTel what it would take from
+    any other entry; one stricter refuses it, dead-lettered with the trace's name."""
+    loose = TraceStore.open(f"sqlite:///{tmp_path / 'loose.db'}", limits={"max_depth": 100})
+    strict = TraceStore.open(f"sqlite:///{tmp_path / 'strict.db'}", limits={"max_depth": 8})
+    try:
+        for store in (loose, strict):
+            otel_app(store)(nested_text(80))
+            store.flush()
+        (ep,) = list(loose.episodes())
+        assert ep.task == json.loads(nested_text(80)) and loose.dead_letters() == []
+        assert list(strict.episodes()) == []
+        (refused,) = strict.dead_letters()
+        assert refused.record.startswith("otel trace ") and refused.field == "task" and "max_depth" in refused.reason
+    finally:
+        loose.close()
+        strict.close()
+
+
+def test_the_otel_processor_dead_letters_a_deep_trace_and_stores_the_next(sqlite_store):
+    trace = otel_app(sqlite_store)
     for depth in DEPTHS:
         trace(nested_text(depth))
     trace('{"question": "fine"}')

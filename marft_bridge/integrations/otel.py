@@ -182,8 +182,10 @@ def _fields(s: _Span) -> dict[str, Any]:
     }
 
 
-def spans_to_episode(spans: Iterable[Any], source: str = "otel", episode_id: str | None = None) -> Episode:
-    """Turn the spans of one trace (``ReadableSpan``s, any order) into an Episode."""
+def spans_to_episode(spans: Iterable[Any], source: str = "otel", episode_id: str | None = None,
+                     limits: Any = None) -> Episode:
+    """Turn the spans of one trace (``ReadableSpan``s, any order) into an Episode, validated under
+    ``limits`` (the store's ``RecordLimits``; default: the defaults)."""
     from ..recording import EpisodeRecorder
 
     nodes = [_Span(s) for s in spans]
@@ -216,7 +218,7 @@ def spans_to_episode(spans: Iterable[Any], source: str = "otel", episode_id: str
         task = _loads(raw) if isinstance(raw, str) and raw[:1] in "{[" else raw
 
     rec = EpisodeRecorder(None, task=task, source=source, episode_id=episode_id or own_episode or trace_id,
-                          metadata={"trace_id": trace_id})
+                          metadata={"trace_id": trace_id}, limits=limits)
     recorded: list[tuple[_Span, str, str]] = []  # span, action id, output text
     emitted: dict[str, str] = {}  # tool call id -> the model call that asked for it
     answered: dict[str, str] = {}  # tool call id -> the tool step that ran it
@@ -261,7 +263,7 @@ def spans_to_episode(spans: Iterable[Any], source: str = "otel", episode_id: str
             if kind == "tool" and meta.get("tool_call_id"):
                 answered[str(meta["tool_call_id"])] = new_id
             recorded.append((n, new_id, rec.get_action(new_id).output.text))
-    return _finish(rec, root)
+    return _finish(rec, root, limits)
 
 
 def _deps(n: _Span, fields: dict[str, Any], agent_spans: list[_Span], ancestry: dict[int, list[_Span]],
@@ -308,11 +310,13 @@ def _step(n: _Span, ups: list[_Span], dep_steps: list[int]) -> int:
     return max(dep_steps, default=0) + 1
 
 
-def _finish(rec: Any, root: _Span) -> Episode:
+def _finish(rec: Any, root: _Span, limits: Any) -> Episode:
     status = "failed" if root.error() else "completed"
     acts = rec.actions()
-    return Episode(id=rec.id, source=rec.source, task=rec.task, actions=acts, status=status,
-                   started_at=_dt(root.start) or rec.started_at, ended_at=_dt(root.end), metadata=rec.metadata)
+    return Episode.model_validate(
+        {"id": rec.id, "source": rec.source, "task": rec.task, "actions": acts, "status": status,
+         "started_at": _dt(root.start) or rec.started_at, "ended_at": _dt(root.end), "metadata": rec.metadata},
+        context={"limits": limits} if limits is not None else None)
 
 
 # -- collecting traces ---------------------------------------------------------------------------
@@ -352,7 +356,7 @@ class _Assembler:
             return  # a trace without model or tool calls is not an episode
         with guarded("otel.convert"):
             try:
-                ep = spans_to_episode(spans, source=self.source)
+                ep = spans_to_episode(spans, source=self.source, limits=getattr(self.store, "limits", None))
             except Exception as e:  # refused by the record model (past a record limit, say): kept as a dead letter
                 trace = f"otel trace {format(spans[0].context.trace_id, '032x')}"
                 self.store.dead_letter(as_record_error(e, trace), [{"name": s.name, **dict(s.attributes or {})}
