@@ -108,9 +108,10 @@ class MarftTrainer:
     def agents(self) -> list[str]:
         return self.policy.agents
 
-    def train_on(self, episodes) -> dict:
-        """One MARFT update on these episodes (list, or any iterable of Episode); returns its metrics."""
-        metrics = self._update(self._batch(list(episodes)[self.rank::self.world]))
+    def train_on(self, episodes, agents: list[str] | None = None) -> dict:
+        """One MARFT update on these episodes (list, or any iterable of Episode); returns its metrics.
+        ``agents``: update only these (and the critic), as ``update_scheme: rerollout`` does."""
+        metrics = self._update(self._batch(list(episodes)[self.rank::self.world]), only=agents)
         self.update_count += 1
         metrics["update"] = self.update_count
         self._guard_collapse(metrics)
@@ -138,15 +139,47 @@ class MarftTrainer:
         return out
 
     def train(self, env_fn, iterations: int, episodes_per_iteration: int | None = None, progress: bool = False):
-        """On-policy MARFT: each iteration rolls out fresh episodes with the current adapters, then updates."""
+        """On-policy MARFT: each iteration rolls out fresh episodes with the current adapters, then updates
+        (``update_scheme: rerollout``: one update per agent, each on fresh episodes; ``iteration``)."""
         n = episodes_per_iteration or self.config.batch_episodes
+
+        def rollout(policy, k):
+            seed = self.config.seed * 1_000_003 + self.update_count  # from the counter: resumable
+            return env_fn(policy, k, seed)
+
         history = []
         with ProgressBar(iterations, progress) as bar:
             for _ in range(iterations):
-                seed = self.config.seed * 1_000_003 + self.update_count  # from the counter: resumable
-                history.append(self.train_on(env_fn(RolloutPolicy(self), n, seed)))
+                history += self.iteration(rollout, n)
                 bar(history[-1])
         return history
+
+    def iteration(self, rollout, n: int) -> list[dict]:
+        """One on-policy iteration of ``n`` episodes, ``rollout(policy, k) -> k episodes`` played with the
+        adapters ``policy`` (a RolloutPolicy) holds now; the metrics of its updates.
+
+        ``stale``: one rollout of n, one update of every agent. ``rerollout``: n split over the trained
+        agents in update order (the order from the first share's batch; the first shares one episode
+        larger when n does not divide): agent k is updated alone on its share, which agent k-1's new
+        adapter has just played (a swap); M = 1 there. A server-backed ``rollout`` publishes first
+        (``policy.save_adapters``). Each update's metrics carry ``rerollout``: agent, episodes, swap."""
+        c = self.config
+        trained = [a for a in self.policy.agents if a not in c.frozen_agents]
+        if c.update_scheme == "stale" or c.mode == "single_agent" or c.shared_adapter or len(trained) < 2:
+            return [self.train_on(rollout(RolloutPolicy(self), n))]
+        shares = [n // len(trained) + (k < n % len(trained)) for k in range(len(trained))]
+        episodes = rollout(RolloutPolicy(self), shares[0])
+        batch = self._batch(list(episodes)[self.rank::self.world])
+        order = self._agent_order(batch, self._sources(batch, "ancestors"))
+        order += [a for a in trained if a not in order]  # agents absent from the first share still get theirs
+        out = []
+        for k, agent in enumerate(order):
+            if k:  # the previous agent's new adapter plays this agent's episodes
+                episodes = rollout(RolloutPolicy(self), shares[k])
+            m = self.train_on(episodes, agents=[agent])
+            m["rerollout"] = {"agent": agent, "episodes": len(episodes), "swap": k > 0}
+            out.append(m)
+        return out
 
     def fit(self, episodes, iterations: int, progress: bool = False) -> list[dict]:
         """Offline MARFT on stored traces: update ``iterations`` times on successive slices of
@@ -185,6 +218,12 @@ class MarftTrainer:
         return build_batch(episodes, p.tokenizer, set(p.agents), p.vocab_size, p.max_context,
                            self.config.default_temperature)
 
+    @staticmethod
+    def _sources(batch: Batch, scope: str) -> tuple[torch.Tensor, torch.Tensor]:
+        S = batch.samples
+        return factor_sources([s.parents for s in S], [s.agent for s in S], [s.episode for s in S],
+                              [s.step for s in S], scope)
+
     def _agent_order(self, batch: Batch, anc: tuple[torch.Tensor, torch.Tensor]) -> list[str]:
         """Trained agents with samples (on any rank), in the order factor.update_order picks."""
         trained = [a for a in self.policy.agents if a not in self.config.frozen_agents]
@@ -197,8 +236,6 @@ class MarftTrainer:
         c = self.config
         S = batch.samples
         K = len(S)
-        parents, agents = [s.parents for s in S], [s.agent for s in S]
-        episodes, steps = [s.episode for s in S], [s.step for s in S]
 
         # 1-2. Rollout statistics (no gradient) and GAE along D, as flat tensors (update.py).
         rb = rollout_batch(S, self.passes, c, self.device)
@@ -211,9 +248,8 @@ class MarftTrainer:
 
         # 3. Sequential trust region (factor.py). M_k = product of exp(sum new - sum prox) over the
         #    sources j of sample k (pairs k <- j) whose agent is already updated; clipped per ratio.
-        anc = factor_sources(parents, agents, episodes, steps, "ancestors")
-        sources = anc if c.factor_scope == "ancestors" else factor_sources(parents, agents, episodes, steps,
-                                                                           c.factor_scope)
+        anc = self._sources(batch, "ancestors")
+        sources = anc if c.factor_scope == "ancestors" else self._sources(batch, c.factor_scope)
         log_m = torch.zeros(K, dtype=torch.float64)  # (K,) log M, unclipped
         n_m = torch.zeros(K, dtype=torch.float64)  # (K,) ratios folded into M
         seen_m = torch.ones(K, dtype=torch.float64)  # (K,) the clipped M each sample's update used
