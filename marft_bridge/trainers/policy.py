@@ -270,7 +270,10 @@ class MultiAgentPolicy:
         if adapter is None:
             return self._disabled()
         if adapter != self._active:
-            self.model.set_adapter(adapter)
+            # peft's set_adapter on the LoRA layers found once (no modules_to_save here, never merged)
+            for layer in self._lora_layers:
+                layer.set_adapter(adapter)
+            self.model.base_model.active_adapter = adapter
             self._active = adapter
         return nullcontext()
 
