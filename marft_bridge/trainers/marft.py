@@ -300,14 +300,10 @@ class MarftTrainer:
             # (A rank without this agent's samples still joins the pass: fsdp2 passes are collectives.)
             with torch.no_grad():
                 new_tok = self.passes.token_logprobs(adapter, [S[i] for i in idx])  # (L_k,) per sample
-                tok = rb.tokens(idx) if idx else None
-                new_a = (torch.stack([t.sum() for t in new_tok]) if idx else torch.zeros(0)).double().cpu()  # (k,)
                 if idx:
-                    seg = torch.repeat_interleave(torch.arange(len(idx)), rb.lens[idx])  # (n,) sample of each token
-                    per = lambda x: torch.zeros(len(idx), dtype=torch.float64).index_add_(  # noqa: E731
-                        0, seg, x[tok].double().cpu())
-                    log_ratio_new = new_a - per(rb.b_prox)  # (k,) sum new - sum prox
-                    log_ratio_beh = new_a - per(rb.b_beh)  # (k,) sum new - sum beh
+                    log_ratio_new = rb.action_log_ratios(idx, new_tok, rb.b_prox)  # (k,) sum new - sum prox
+                    log_ratio_beh = rb.action_log_ratios(idx, new_tok, rb.b_beh)  # (k,) sum new - sum beh
+                    # KL(behaviour || new) of its whole actions, k3 on the samples the behaviour drew
                     diag["kl_step"] = float(((log_ratio_beh.exp() - 1) - log_ratio_beh).mean())
                 diag.update({k.replace("factor_", "m_"): v for k, v in
                              factor_stats(seen_m[idx], seen_clip[idx], seen_n[idx]).items()

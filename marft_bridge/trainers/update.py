@@ -48,6 +48,11 @@ class RolloutBatch:
         return self.tokens(idx) if self.token_level else torch.tensor(idx, dtype=torch.long,
                                                                        device=self.b_prox.device)
 
+    def action_log_ratios(self, idx: list[int], new_tok: list[torch.Tensor], b_old: torch.Tensor) -> torch.Tensor:
+        """(k,) float64: per sample of ``idx``, sum over its tokens of new - old (``new_tok``: its (L_k,)
+        log-probs; ``b_old``: a flat (N,) log-prob tensor), summed in fp32 as the ratio the fold uses."""
+        return torch.stack([(t - b_old[self.tokens([i])]).sum() for i, t in zip(idx, new_tok)]).double().cpu()
+
     def n_units(self, idx: list[int]) -> int:
         return int(self.lens[idx].sum()) if self.token_level else len(idx)
 
