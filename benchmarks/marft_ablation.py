@@ -91,6 +91,8 @@ def parse_args(argv=None):
                    help="MARFT-A's clip of M to [(1-eps)^n, (1+eps)^n] (default 0.2; null: unclipped)")
     p.add_argument("--from-runs", default=None, metavar="JSONL",
                    help="only analyse the seeds already in this runs.jsonl (of an interrupted run)")
+    p.add_argument("--from-tuning", default=None, metavar="JSONL",
+                   help="with --from-runs: the lr grid from this tuning_runs.jsonl (the rates complete on every arm)")
     p.add_argument("--quick", action="store_true",
                    help="2 hops, 2 seeds (2 tuning seeds), 2 iterations of 8 episodes, short warm start: for tests")
     args = p.parse_args(argv)
@@ -143,32 +145,47 @@ def settings_of(args):
 
 
 def lr_grid(spec, base, arms, grid, seeds, settings, workdir, workers, log_path: Path | None = None) -> dict:
-    """Every trained arm at every rate on ``seeds`` (paired): per arm and lr the per-seed AUC / final J,
-    the lr-response tables, the paired differences at each common lr, and each arm's chosen rate."""
+    """Every trained arm at every rate on ``seeds`` (paired), then ``grid_analysis`` of the runs."""
+    trained = [a for a in arms if a != "untrained"]
+    results = []
+    for lr in grid:
+        results += run_seeds(spec, base, trained, {a: lr for a in trained}, seeds, settings, workdir, workers, log_path)
+    return grid_analysis(results, trained)
+
+
+def grid_analysis(results: list[list[dict]], trained: list[str]) -> dict:
+    """From each (seed, lr)'s runs: per arm and lr the AUC / final J over the seeds (the lr-response
+    tables), the paired differences at each common lr, each arm's chosen rate (best mean AUC) and its
+    selection noise. Only rates every arm ran on the same seeds count (an interrupted grid: the rates done)."""
     from marft_bridge.benchmarks import stats
 
-    trained = [a for a in arms if a != "untrained"]
-    per = {a: {} for a in trained}  # arm -> lr -> [summary per seed, seed order]
-    for lr in grid:
-        runs = run_seeds(spec, base, trained, {a: lr for a in trained}, seeds, settings, workdir, workers, log_path)
-        for seed_runs in sorted(runs, key=lambda rs: rs[0]["seed"]):
-            for r in seed_runs:
-                per[r["arm"]].setdefault(str(lr), []).append(stats.summary(r["j"]))
+    per: dict[str, dict[str, dict[int, dict]]] = {a: {} for a in trained}  # arm -> lr -> seed -> summary
+    for seed_runs in results:
+        for r in seed_runs:
+            if r["arm"] in per:
+                per[r["arm"]].setdefault(str(r["lr"]), {})[r["seed"]] = stats.summary(r["j"])
+    lrs = sorted({lr for a in trained for lr in per[a]}, key=float)
+    seed_sets = {lr: {frozenset(per[a].get(lr, {})) for a in trained} for lr in lrs}
+    seeds = sorted(max((next(iter(v)) for v in seed_sets.values() if len(v) == 1), key=len, default=frozenset()))
+    grid = [lr for lr in lrs if seed_sets[lr] == {frozenset(seeds)}]
+    col = {a: {lr: [per[a][lr][s] for s in seeds] for lr in grid} for a in trained}  # paired, seed order
     response = {a: {lr: {"auc": stats.mean_interval([m["auc"] for m in ms]),
                          "final": stats.mean_interval([m["final"] for m in ms])} for lr, ms in by_lr.items()}
-                for a, by_lr in per.items()}
+                for a, by_lr in col.items()}
     chosen, noise = {}, {}
-    for a, by_lr in per.items():
+    for a, by_lr in col.items():
         ranked = sorted(by_lr, key=lambda lr: -statistics.fmean(m["auc"] for m in by_lr[lr]))
+        if not ranked:
+            continue
         chosen[a] = float(ranked[0])
         if len(ranked) > 1:  # SE of the paired AUC difference best - runner-up: how sure the choice is
             d = [x["auc"] - y["auc"] for x, y in zip(by_lr[ranked[0]], by_lr[ranked[1]])]
             noise[a] = {"runner_up": float(ranked[1]), "diff": statistics.fmean(d),
                         "se": statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else math.nan}
     pairs = [(a, b) for a, b in PAIRS if a in trained and b in trained]
-    at_lr = {str(lr): stats.paired_comparisons({a: [m["auc"] for m in per[a][str(lr)]] for a in trained}, pairs)
+    at_lr = {lr: stats.paired_comparisons({a: [m["auc"] for m in col[a][lr]] for a in trained}, pairs)
              for lr in grid} if pairs else {}
-    return {"seeds": list(seeds), "grid": list(grid), "response": response, "chosen": chosen,
+    return {"seeds": seeds, "grid": [float(lr) for lr in grid], "response": response, "chosen": chosen,
             "selection_noise": noise, "paired_at_lr": at_lr}
 
 
@@ -315,9 +332,13 @@ def main(argv=None) -> dict:
     if args.lr_grid:
         if set(seeds) & set(tuning):
             sys.exit(f"evaluation seeds {seeds[0]}..{seeds[-1]} overlap the tuning seeds {tuning[0]}..{tuning[-1]}")
-        (out / "tuning_runs.jsonl").unlink(missing_ok=True)
-        grid = lr_grid(spec, base, args.arms, args.lr_grid, tuning, settings, workdir, args.workers,
-                       out / "tuning_runs.jsonl")
+        if args.from_tuning:
+            runs = [json.loads(line) for line in Path(args.from_tuning).read_text().splitlines() if line.strip()]
+            grid = grid_analysis(runs, trained)
+        else:
+            (out / "tuning_runs.jsonl").unlink(missing_ok=True)
+            grid = lr_grid(spec, base, args.arms, args.lr_grid, tuning, settings, workdir, args.workers,
+                           out / "tuning_runs.jsonl")
         grid_text = print_grid(grid)
         lrs = grid["chosen"]
     else:
