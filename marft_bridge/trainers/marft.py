@@ -13,7 +13,9 @@ One update on a batch of episodes (``MarftTrainer.train_on``):
    decoupled behaviour weight, + beta*KL_k2(pi || ref) - c_H*H; then, with no gradient, its
    whole-action ratios (sum log-probs) fold into the M of the actions they are sources of (default:
    its descendants in D within their round), M clipped to [(1-eps)^n, (1+eps)^n]. One adapter for
-   all agents (``shared_adapter``, ``single_agent``): one group, M = 1.
+   all agents (``shared_adapter``, ``single_agent``): one group, M = 1. ``update_scheme: rerollout``
+   (``iteration``): one update per agent, each on fresh episodes its predecessors' new adapters
+   played, so M = 1 there.
 5. Critic: clipped Huber value loss towards the GAE returns.
 6. Guards: a non-finite loss skips that step (logged, counted); an approx-KL above ``target_kl``
    stops that agent's epochs (logged); entropy / reference-KL collapse or non-finite weights roll
