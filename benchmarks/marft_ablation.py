@@ -1,30 +1,41 @@
-"""What MARFT adds: four arms on the codebook relay at one sample budget, paired seeds, exact J.
+"""What MARFT adds: six arms on the codebook relay at one episode budget, paired seeds, exact J.
 
 The task (marft_bridge/benchmarks/relay.py): encoder -> relay(s) -> decoder pass a secret word as
-symbols; each hop is warm-started on a 50/50 mix of two interlocking codes, so the untrained team
-scores hops/2**hops and any consistent code scores 1.0. Episodes come from the instrumented
-LangGraph graph of the agents (capture -> SQLite store -> trainer). After every update the exact
-expected reward J is computed by enumeration (teacher-forced passes), so curves carry no sampling
-noise. Arms: untrained, MARFT-A (dependency order, M over ancestors, clipped), independent per-agent
-PPO (M = 1), one shared policy (one adapter, one group, minibatches scaled so optimiser steps per
-sample match); optional MARFT-A with random order (marft_bridge/benchmarks/ablation.py).
+symbols; each hop is warm-started on a mix of two interlocking codes (``--warm-start even``: 50/50,
+the untrained team scores hops/2**hops; ``miscoordinated``: upstream 70% code A, decoder 70% code B)
+and any consistent code scores 1.0. Episodes come from the instrumented LangGraph graph of the
+agents (capture -> SQLite store -> trainer). After every update the exact expected reward J is
+computed by enumeration (teacher-forced passes), so curves carry no sampling noise. Arms
+(marft_bridge/benchmarks/ablation.py): untrained, MARFT-A (dependency order, M over ancestors in D,
+clipped), independent per-agent PPO (M = 1), one shared policy, HAPPO (random order, M over the
+round, unclipped), MARFT-A with fresh rollouts between agents' updates. Every arm gets the same
+episodes per iteration; the table reports each arm's optimiser steps and episodes consumed.
 
-Pre-declared analysis (fixed before any comparison was run):
-- primary metric: AUC, the area under the exact-J curve over iterations 0..T (trapezoid, divided
-  by T, so it is a mean J in [0, 1]);
-- secondary: final J (J_T); reach rate, the fraction of seeds with max_t J_t >= 0.95; collapse
-  rate, the fraction of seeds where J fell more than 0.1 below its running maximum;
-- comparisons: MARFT-A - independent, MARFT-A - shared, independent - shared, as paired
-  differences over seeds (common random numbers: same warm start, same secrets, same sampler
-  streams per seed); two-sided paired t, Holm-corrected over the three comparisons per metric;
-  intervals are drawn at the Holm step's level (95% for the last step), 95% intervals also given;
-- hyperparameters: everything in ablation.COMMON is shared and fixed; the learning rate is chosen
-  per arm by ``--tune`` (grid LR_GRID, tuning seeds 1000-1001, criterion mean AUC), written to
-  ``--hparams`` and frozen; the evaluation seeds are ``--seed-start`` .. + N-1 and never used for
-  tuning.
+Regimes. small-step (default): 2 PPO epochs x 1 minibatch, unmasked sampling. large-step
+(``--masked --warm-start miscoordinated --epochs 4 --minibatches 2 --target-kl 0.1``): every agent
+samples among its alphabet's tokens and EOS (``allowed_token_ids``, masked identically in every
+log-prob), so a large step cannot leak mass onto invalid symbols.
 
-    .venv/bin/python benchmarks/marft_ablation.py --tune --hops 3            # once: freeze lrs
-    .venv/bin/python benchmarks/marft_ablation.py --seeds 20 --hops 3        # table + PNG
+Pre-declared headline protocol (fixed before any comparison of it was run; ``--lr-grid``):
+- arms: every arm of ``--arms`` (default all six); metric: AUC, the area under the exact-J curve
+  over iterations 0..T (trapezoid, divided by T: a mean J in [0, 1]); secondary: final J, reach
+  rate (max_t J_t >= 0.95), collapse rate (J fell > 0.1 below its running maximum);
+- learning rate: every arm runs at every rate of ``--lr-grid`` on the tuning seeds 1000 ..
+  1000 + ``--tuning-seeds`` - 1 (>= 8; paired); each arm's lr-response table (AUC and final J per lr,
+  95% intervals) and the paired differences at each common lr are printed; the headline lr of an
+  arm is the grid rate with the highest mean tuning AUC (its selection noise, the standard error of
+  the paired AUC difference between the chosen rate and the runner-up, is printed);
+- evaluation: the seeds ``--seed-start`` .. + ``--seeds`` - 1 (>= 40 for a headline; disjoint from
+  the tuning seeds), each arm at its chosen lr; comparisons PAIRS as paired differences, two-sided
+  paired t, Holm-corrected over the comparisons present per metric; 95% intervals also given;
+- grids, decided before the comparison: small-step 1e-3 2e-3 3e-3 5e-3; large-step 1e-4 3e-4 1e-3
+  3e-3 (an Adam step x 8 optimiser steps per iteration already moves a code probability by > 1/6
+  at 1e-3, and the lost first run's 3e-3 floor declined in every arm).
+
+    .venv/bin/python benchmarks/marft_ablation.py --lr 2e-3 --seeds 40 --seed-start 100 --hops 3
+    .venv/bin/python benchmarks/marft_ablation.py --lr-grid 1e-3 2e-3 3e-3 5e-3 --seeds 40 --seed-start 100
+    .venv/bin/python benchmarks/marft_ablation.py --lr-grid 1e-4 3e-4 1e-3 3e-3 --masked \\
+        --warm-start miscoordinated --epochs 4 --minibatches 2 --target-kl 0.1 --seeds 40 --seed-start 100
     .venv/bin/python benchmarks/marft_ablation.py --quick                     # seconds, for tests
 """
 
@@ -39,34 +50,55 @@ import sys
 import time
 from pathlib import Path
 
-LR_GRID = [2e-3, 3e-3, 5e-3]
-TUNING_SEEDS = [1000, 1001]
-PAIRS = [("marft_a", "independent"), ("marft_a", "shared"), ("independent", "shared")]
-HPARAMS = Path(__file__).with_name("marft_ablation_hparams.json")
+TUNING_SEED_START = 1000
+PAIRS = [("marft_a", "independent"), ("marft_a", "shared"), ("independent", "shared"),
+         ("happo", "independent"), ("happo", "marft_a"), ("marft_a_rerollout", "marft_a")]
+
+
+def _clip(text: str) -> float | None:
+    return None if text.lower() in ("null", "none") else float(text)
 
 
 def parse_args(argv=None):
     from marft_bridge.benchmarks.ablation import ARMS, DEFAULT_ARMS
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, default=10, help="number of evaluation seeds (default 10)")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, default=10, help="number of evaluation seeds (default 10; >= 40 for a headline)")
     p.add_argument("--seed-start", type=int, default=0, help="first evaluation seed (default 0)")
-    p.add_argument("--hops", type=int, default=3, choices=[2, 3, 4])
+    p.add_argument("--hops", type=int, default=3, choices=[2, 3, 4], help="agents in the chain (default 3)")
     p.add_argument("--same-alphabet", action="store_true", help="every intermediate symbol is a digit")
     p.add_argument("--iterations", type=int, default=12, help="updates per run (default 12)")
-    p.add_argument("--episodes", type=int, default=32, help="episodes per iteration (default 32)")
-    p.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS))
+    p.add_argument("--episodes", type=int, default=32, help="episodes per iteration, every arm (default 32)")
+    p.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS), help="arms to run (default all)")
     p.add_argument("--workers", type=int, default=2, help="seeds run in parallel processes (default 2)")
-    p.add_argument("--out", default=".marft/ablation", help="results.json, ablation.png, traces")
+    p.add_argument("--out", default=".marft/ablation", help="results.json, ablation.png, runs.jsonl, traces")
     p.add_argument("--model-cache", default=".marft/models", help="where warm-started models are cached")
-    p.add_argument("--hparams", default=str(HPARAMS), help="frozen per-arm learning rates (from --tune)")
-    p.add_argument("--lr", type=float, default=None, help="one learning rate for every arm (overrides --hparams)")
-    p.add_argument("--tune", action="store_true", help=f"choose each arm's lr from {LR_GRID} on seeds "
-                   f"{TUNING_SEEDS} by mean AUC and write --hparams")
+    p.add_argument("--lr", type=float, default=None, help="one learning rate for every arm (no tuning)")
+    p.add_argument("--lr-grid", type=float, nargs="+", default=None, metavar="LR",
+                   help="run every arm at every rate on the tuning seeds, print the lr-response tables, then "
+                   "evaluate each arm at its best tuning rate (the pre-declared protocol above)")
+    p.add_argument("--tuning-seeds", type=int, default=8, help="tuning seeds 1000.. for --lr-grid (default 8)")
+    p.add_argument("--warm-start", choices=["even", "miscoordinated"], default="even",
+                   help="even: every hop 50/50 code A/B; miscoordinated: upstream 70%% A, decoder 70%% B")
+    p.add_argument("--masked", action="store_true",
+                   help="agents sample among their alphabet's tokens and EOS (allowed_token_ids); every log-prob masked alike")
+    p.add_argument("--epochs", type=int, default=None, help="PPO epochs per update (default 2)")
+    p.add_argument("--minibatches", type=int, default=None, help="minibatches per epoch and agent (default 1)")
+    p.add_argument("--target-kl", type=float, default=None,
+                   help="stop an agent's epochs once its approx-KL exceeds this (default off; logged)")
+    p.add_argument("--factor-clip", type=_clip, default=0.2, metavar="EPS|null",
+                   help="MARFT-A's clip of M to [(1-eps)^n, (1+eps)^n] (default 0.2; null: unclipped)")
     p.add_argument("--from-runs", default=None, metavar="JSONL",
                    help="only analyse the seeds already in this runs.jsonl (of an interrupted run)")
-    p.add_argument("--quick", action="store_true", help="2 hops, 2 seeds, 2 iterations of 8 episodes, short warm start")
-    return p.parse_args(argv)
+    p.add_argument("--from-tuning", default=None, metavar="JSONL",
+                   help="with --from-runs: the lr grid from this tuning_runs.jsonl (the rates complete on every arm)")
+    p.add_argument("--quick", action="store_true",
+                   help="2 hops, 2 seeds (2 tuning seeds), 2 iterations of 8 episodes, short warm start: for tests")
+    args = p.parse_args(argv)
+    if args.lr is not None and args.lr_grid:
+        p.error("--lr and --lr-grid exclude each other")
+    return args
 
 
 def _worker(job):
@@ -104,27 +136,78 @@ def run_seeds(spec, base, arms, lrs, seeds, settings, workdir, workers, log_path
     return done
 
 
-def hparams_key(spec) -> str:
-    return f"hops={spec.hops},same_alphabet={spec.same_alphabet}"
+def settings_of(args):
+    from marft_bridge.benchmarks.ablation import RunSettings
+
+    regime = {k: v for k, v in (("epochs", args.epochs), ("minibatches", args.minibatches)) if v is not None}
+    return RunSettings(iterations=args.iterations, episodes=args.episodes, target_kl=args.target_kl,
+                       masked=args.masked, factor_clip=args.factor_clip, **regime)
 
 
-def tune(spec, base, arms, settings, workdir, workers, path: Path) -> dict:
+def lr_grid(spec, base, arms, grid, seeds, settings, workdir, workers, log_path: Path | None = None) -> dict:
+    """Every trained arm at every rate on ``seeds`` (paired), then ``grid_analysis`` of the runs."""
     trained = [a for a in arms if a != "untrained"]
-    scores = {a: {} for a in trained}
-    for lr in LR_GRID:
-        per_seed = run_seeds(spec, base, trained, {a: lr for a in trained}, TUNING_SEEDS, settings, workdir, workers)
-        from marft_bridge.benchmarks.stats import auc
+    results = []
+    for lr in grid:
+        results += run_seeds(spec, base, trained, {a: lr for a in trained}, seeds, settings, workdir, workers, log_path)
+    return grid_analysis(results, trained)
 
-        for runs in per_seed:
-            for r in runs:
-                scores[r["arm"]].setdefault(str(lr), []).append(auc(r["j"]))
-    chosen = {a: float(max(s, key=lambda lr: statistics.fmean(s[lr]))) for a, s in scores.items()}
-    table = json.loads(path.read_text()) if path.exists() else {}
-    table[hparams_key(spec)] = {"lr": chosen, "grid": LR_GRID, "tuning_seeds": TUNING_SEEDS, "criterion": "mean AUC",
-                                "mean_auc": {a: {lr: statistics.fmean(v) for lr, v in s.items()} for a, s in scores.items()},
-                                "settings": settings.model_dump()}
-    path.write_text(json.dumps(table, indent=2) + "\n")
-    return table[hparams_key(spec)]
+
+def grid_analysis(results: list[list[dict]], trained: list[str]) -> dict:
+    """From each (seed, lr)'s runs: per arm and lr the AUC / final J over the seeds (the lr-response
+    tables), the paired differences at each common lr, each arm's chosen rate (best mean AUC) and its
+    selection noise. Only rates every arm ran on the same seeds count (an interrupted grid: the rates done)."""
+    from marft_bridge.benchmarks import stats
+
+    per: dict[str, dict[str, dict[int, dict]]] = {a: {} for a in trained}  # arm -> lr -> seed -> summary
+    for seed_runs in results:
+        for r in seed_runs:
+            if r["arm"] in per:
+                per[r["arm"]].setdefault(str(r["lr"]), {})[r["seed"]] = stats.summary(r["j"])
+    lrs = sorted({lr for a in trained for lr in per[a]}, key=float)
+    seed_sets = {lr: {frozenset(per[a].get(lr, {})) for a in trained} for lr in lrs}
+    seeds = sorted(max((next(iter(v)) for v in seed_sets.values() if len(v) == 1), key=len, default=frozenset()))
+    grid = [lr for lr in lrs if seed_sets[lr] == {frozenset(seeds)}]
+    col = {a: {lr: [per[a][lr][s] for s in seeds] for lr in grid} for a in trained}  # paired, seed order
+    response = {a: {lr: {"auc": stats.mean_interval([m["auc"] for m in ms]),
+                         "final": stats.mean_interval([m["final"] for m in ms])} for lr, ms in by_lr.items()}
+                for a, by_lr in col.items()}
+    chosen, noise = {}, {}
+    for a, by_lr in col.items():
+        ranked = sorted(by_lr, key=lambda lr: -statistics.fmean(m["auc"] for m in by_lr[lr]))
+        if not ranked:
+            continue
+        chosen[a] = float(ranked[0])
+        if len(ranked) > 1:  # SE of the paired AUC difference best - runner-up: how sure the choice is
+            d = [x["auc"] - y["auc"] for x, y in zip(by_lr[ranked[0]], by_lr[ranked[1]])]
+            noise[a] = {"runner_up": float(ranked[1]), "diff": statistics.fmean(d),
+                        "se": statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else math.nan}
+    pairs = [(a, b) for a, b in PAIRS if a in trained and b in trained]
+    at_lr = {lr: stats.paired_comparisons({a: [m["auc"] for m in col[a][lr]] for a in trained}, pairs)
+             for lr in grid} if pairs else {}
+    return {"seeds": seeds, "grid": [float(lr) for lr in grid], "response": response, "chosen": chosen,
+            "selection_noise": noise, "paired_at_lr": at_lr}
+
+
+def print_grid(g: dict) -> str:
+    from marft_bridge.benchmarks.ablation import ARMS
+
+    lines = [f"lr-response on tuning seeds {g['seeds'][0]}..{g['seeds'][-1]} ({len(g['seeds'])} paired); "
+             "mean [95% interval]", "", "| arm | lr | AUC | final J |", "|---|---|---|---|"]
+    for a, by_lr in g["response"].items():
+        for lr, r in by_lr.items():
+            mark = " (chosen)" if float(lr) == g["chosen"][a] else ""
+            lines.append(f"| {ARMS[a]} | {float(lr):g}{mark} | {_ci(r['auc'])} | {_ci(r['final'])} |")
+    lines += ["", "| arm | chosen lr | runner-up | AUC lead | its SE (selection noise) |", "|---|---|---|---|---|"]
+    for a, n in g["selection_noise"].items():
+        lines.append(f"| {ARMS[a]} | {g['chosen'][a]:g} | {n['runner_up']:g} | {n['diff']:+.3f} | {n['se']:.3f} |")
+    for lr, comps in g["paired_at_lr"].items():
+        lines += ["", f"| paired AUC difference at lr {float(lr):g} | mean | 95% interval | p (Holm) |", "|---|---|---|---|"]
+        for name, c in comps.items():
+            lines.append(f"| {name} | {c['mean']:+.3f} | [{c['lo95']:+.3f}, {c['hi95']:+.3f}] | {c['p_holm']:.3g} |")
+    text = "\n".join(lines)
+    print(text)
+    return text
 
 
 def analyse(results: list[list[dict]], arms: list[str]) -> dict:
@@ -144,6 +227,7 @@ def analyse(results: list[list[dict]], arms: list[str]) -> dict:
                     "reach": stats.wilson(int(sum(m["reached"] for m in ms)), n),
                     "collapse": stats.wilson(int(sum(m["collapsed"] for m in ms)), n),
                     "optimizer_steps": statistics.fmean(r["optimizer_steps"] for r in by_arm[a]),
+                    "episodes": statistics.fmean(r["episodes"] for r in by_arm[a]),
                     "seconds": statistics.fmean(r["seconds"] for r in by_arm[a])}
     pairs = [(a, b) for a, b in PAIRS if a in arms and b in arms]
     comparisons = {m: stats.paired_comparisons({a: [x[m] for x in metrics[a]] for a in arms}, pairs)
@@ -160,16 +244,17 @@ def _ci(d: dict, pct: bool = False) -> str:
     return f"{d['mean']:.3f} [{d['lo']:.3f}, {d['hi']:.3f}]"
 
 
-def print_table(analysis: dict, arms: list[str], n: int, seconds: float, command: str) -> str:
+def print_table(analysis: dict, arms: list[str], n: int, seconds: float, command: str, lrs=None) -> str:
     from marft_bridge.benchmarks.ablation import ARMS
 
     lines = [f"codebook relay, {n} paired seeds; mean [95% interval]; {command}; {seconds:.0f} s wall", "",
-             "| arm | AUC (primary) | final J | reach rate (J >= 0.95) | collapse rate | optimiser steps | s / run |",
-             "|---|---|---|---|---|---|---|"]
+             "| arm | lr | AUC (primary) | final J | reach rate (J >= 0.95) | collapse rate | optimiser steps "
+             "| episodes | s / run |", "|---|---|---|---|---|---|---|---|---|"]
     for a in arms:
         t = analysis["table"][a]
-        lines.append(f"| {ARMS[a]} | {_ci(t['auc'])} | {_ci(t['final'])} | {_ci(t['reach'], True)} | "
-                     f"{_ci(t['collapse'], True)} | {t['optimizer_steps']:.0f} | {t['seconds']:.1f} |")
+        lr = "-" if lrs is None or a not in lrs else f"{lrs[a]:g}"
+        lines.append(f"| {ARMS[a]} | {lr} | {_ci(t['auc'])} | {_ci(t['final'])} | {_ci(t['reach'], True)} | "
+                     f"{_ci(t['collapse'], True)} | {t['optimizer_steps']:.0f} | {t['episodes']:.0f} | {t['seconds']:.1f} |")
     for metric, comps in analysis["comparisons"].items():
         lines += ["", f"| paired difference, {metric} | mean | Holm-step interval | 95% interval | p (Holm) | significant |",
                   "|---|---|---|---|---|---|"]
@@ -210,18 +295,6 @@ def plot(analysis: dict, arms: list[str], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def frozen_lrs(args, spec, trained: list[str]) -> dict[str, float]:
-    """``--lr`` for every arm, or the learning rates ``--tune`` froze for this task variant."""
-    if args.lr is not None or args.quick:
-        return {a: args.lr or 3e-3 for a in trained}
-    table = json.loads(Path(args.hparams).read_text()) if Path(args.hparams).exists() else {}
-    frozen = table.get(hparams_key(spec), {}).get("lr", {})
-    missing = [a for a in trained if a not in frozen]
-    if missing:
-        sys.exit(f"no frozen lr for {missing} at {hparams_key(spec)} in {args.hparams}: run --tune first or pass --lr")
-    return {a: frozen[a] for a in trained}
-
-
 def main(argv=None) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args = parse_args(argv)
@@ -229,21 +302,23 @@ def main(argv=None) -> dict:
 
     from transformers.utils import logging as hf_logging
 
-    from marft_bridge.benchmarks.ablation import RunSettings
     from marft_bridge.benchmarks.relay import RelaySpec, WarmStartConfig, warm_start
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    logging.getLogger("marft_bridge.trainers").setLevel(logging.WARNING)
+    logging.getLogger("marft_bridge.trainers").setLevel(logging.ERROR)
     if args.quick:
-        args.hops, args.seeds, args.iterations, args.episodes = 2, 2, 2, 8
+        args.hops, args.seeds, args.iterations, args.episodes, args.tuning_seeds = 2, 2, 2, 8, 2
+    if args.lr is None and not args.lr_grid:
+        if not args.quick:
+            sys.exit("pass --lr (one rate for every arm) or --lr-grid (tune on the tuning seeds, then evaluate)")
+        args.lr = 3e-3
     started = time.perf_counter()
     spec = RelaySpec(hops=args.hops, same_alphabet=args.same_alphabet)
     trained = [a for a in args.arms if a != "untrained"]
-    lrs = None if args.tune else frozen_lrs(args, spec, trained)
-    ws = WarmStartConfig(steps=100) if args.quick else WarmStartConfig()
+    ws = WarmStartConfig(steps=100, mix=args.warm_start) if args.quick else WarmStartConfig(mix=args.warm_start)
     base = warm_start(spec, args.model_cache, ws)
-    settings = RunSettings(iterations=args.iterations, episodes=args.episodes)
+    settings = settings_of(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     workdir = out / "traces"
@@ -251,27 +326,39 @@ def main(argv=None) -> dict:
     if not args.from_runs:
         for old in workdir.glob("traces-s*.db*"):
             old.unlink()
-    if args.tune:
-        chosen = tune(spec, base, args.arms, settings, workdir, args.workers, Path(args.hparams))
-        print(json.dumps(chosen, indent=2))
-        return chosen
+    seeds = list(range(args.seed_start, args.seed_start + args.seeds))
+    tuning = list(range(TUNING_SEED_START, TUNING_SEED_START + args.tuning_seeds))
+    grid, grid_text = None, ""
+    if args.lr_grid:
+        if set(seeds) & set(tuning):
+            sys.exit(f"evaluation seeds {seeds[0]}..{seeds[-1]} overlap the tuning seeds {tuning[0]}..{tuning[-1]}")
+        if args.from_tuning:
+            runs = [json.loads(line) for line in Path(args.from_tuning).read_text().splitlines() if line.strip()]
+            grid = grid_analysis(runs, trained)
+        else:
+            (out / "tuning_runs.jsonl").unlink(missing_ok=True)
+            grid = lr_grid(spec, base, args.arms, args.lr_grid, tuning, settings, workdir, args.workers,
+                           out / "tuning_runs.jsonl")
+        grid_text = print_grid(grid)
+        lrs = grid["chosen"]
+    else:
+        lrs = {a: args.lr for a in trained}
     if args.from_runs:
         results = [json.loads(line) for line in Path(args.from_runs).read_text().splitlines() if line.strip()]
         args.seeds = len(results)
         seeds = sorted(runs[0]["seed"] for runs in results)
     else:
-        seeds = list(range(args.seed_start, args.seed_start + args.seeds))
         (out / "runs.jsonl").unlink(missing_ok=True)
         results = run_seeds(spec, base, args.arms, lrs, seeds, settings, workdir, args.workers, out / "runs.jsonl")
     analysis = analyse(results, args.arms)
     seconds = time.perf_counter() - started
     command = "benchmarks/marft_ablation.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = print_table(analysis, args.arms, args.seeds, seconds, command)
+    text = print_table(analysis, args.arms, args.seeds, seconds, command, lrs)
     title = f"codebook relay, {args.hops} hops: mean exact J, 95% band ({args.seeds} seeds)"
     plot(analysis, args.arms, out / "ablation.png", title)
     report = {"spec": spec.model_dump(), "warm_start": ws.model_dump(), "settings": settings.model_dump(),
-              "lrs": lrs, "seeds": seeds, "seconds": seconds, "command": command,
-              "table_text": text, **analysis, "runs": results}
+              "lrs": lrs, "seeds": seeds, "seconds": seconds, "command": command, "lr_grid": grid,
+              "table_text": grid_text + "\n\n" + text, **analysis, "runs": results}
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"results in {out / 'results.json'}, curves in {out / 'ablation.png'}")
     return report

@@ -82,7 +82,7 @@ def test_the_trainer_runs_gae_along_the_recorded_d(model_dir, monkeypatch):
     """Captured fan-out/fan-in episodes: the trainer hands GAE the successors from D (not the
     flattened order), per-token values in MARFT-T, and gae_lambda / token_lambda as configured."""
     from marft_bridge.schema import Episode, Reward
-    from marft_bridge.trainers import marft as marft_module
+    from marft_bridge.trainers import update as marft_module  # where the update calls GAE
     from marft_bridge.trainers.config import MarftConfig
     from marft_bridge.trainers.marft import MarftTrainer
     from marft_bridge.trainers.rollout import RolloutPolicy

@@ -307,5 +307,6 @@ def test_every_pass_respects_the_token_budget(tiny_model_dir, episodes):
     # proximal + reference + critic, policy gradient, M fold and critic gradient passes: all within budget
     assert shapes and all(b * t <= 100 for b, t in shapes)
     assert max(b for b, _ in shapes) >= 2
-    # 24 samples: proximal, reference, critic values, policy and critic gradients (24 each), the fold (12)
-    assert sum(b for b, _ in shapes) == 5 * 24 + 12
+    # 24 samples: proximal, reference, critic values, policy and critic gradients, and the pass after each
+    # agent's update (its M fold, and every agent's KL-step diagnostic): 24 each
+    assert sum(b for b, _ in shapes) == 6 * 24

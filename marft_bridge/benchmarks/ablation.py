@@ -7,13 +7,17 @@ Arms (same warm start, same episodes per iteration, same seeds; ``ARMS``):
 - ``independent``: the same adapters and order, ``factor_scope: none`` (M = 1): per-agent PPO;
 - ``shared``: one adapter for every role, one update group, no M; ``num_minibatches`` scaled by
   the number of agents so that optimiser steps per sample match the per-agent arms;
-- ``marft_a_random`` (optional): MARFT-A with a random agent order per update.
+- ``happo``: HAPPO: a random agent order per update, M over every agent already updated in the
+  round whatever its place in D (``factor_scope: round``), unclipped;
+- ``marft_a_rerollout``: MARFT-A with ``update_scheme: rerollout``: the iteration's episodes split
+  over the agents in update order, each agent updated on episodes its predecessors' new adapters
+  played (M = 1 on them).
 
 One iteration of a run: the instrumented LangGraph graph plays ``episodes`` episodes with the
-current adapters (captured into a SQLite store), the trainer updates once from the store's
-episodes, and the exact J of the new adapters is computed. Secrets are drawn from
-``Random(f"{seed}-{iteration}")`` and the sampler from ``seed * 1000 + iteration``, so arms that
-share a seed share their random numbers.
+current adapters (captured into a SQLite store), the trainer updates from the store's episodes,
+and the exact J of the new adapters is computed. Secrets are drawn from ``Random(f"{seed}-{iteration}")``
+and the sampler from ``seed * 1000 + iteration`` (rerollout shares: + part * 10**7, the secrets
+consecutive slices), so arms that share a seed share their random numbers.
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ ARMS = {
     "marft_a": "MARFT-A",
     "independent": "independent PPO",
     "shared": "shared policy",
-    "marft_a_random": "MARFT-A, random order",
+    "happo": "HAPPO (random order, M over the round)",
+    "marft_a_rerollout": "MARFT-A, fresh rollouts per agent",
 }
-DEFAULT_ARMS = ["untrained", "marft_a", "independent", "shared"]
+DEFAULT_ARMS = ["untrained", "marft_a", "independent", "shared", "happo", "marft_a_rerollout"]
 # What every trained arm shares (pre-declared; only lr is tuned, per arm, on the tuning seeds).
 COMMON = {
     "ppo_epochs": 2,
@@ -56,22 +61,32 @@ class RunSettings(BaseModel):
     iterations: int = Field(12, ge=1)
     episodes: int = Field(32, ge=1)
     temperature: float = Field(1.0, gt=0)
+    # The step-size regime (COMMON's values by default): PPO epochs and minibatches per update, the
+    # approx-KL early stop, and masked sampling (every agent among its alphabet's tokens and EOS).
+    epochs: int = Field(COMMON["ppo_epochs"], ge=1)
+    minibatches: int = Field(COMMON["num_minibatches"], ge=1)
+    target_kl: float | None = Field(None, gt=0)
+    masked: bool = False
+    factor_clip: float | None = Field(0.2, gt=0, lt=1)  # MARFT-A's (and its rerollout's) M clip
 
 
-def arm_config(arm: str, spec: RelaySpec, lr: float, seed: int):
+def arm_config(arm: str, spec: RelaySpec, lr: float, seed: int, settings: RunSettings | None = None):
     """The ``MarftConfig`` of a trained arm."""
     from ..trainers.config import MarftConfig
 
+    st = settings or RunSettings()
+    marft_a = {"agent_order": "dependency", "factor_scope": "ancestors", "factor_clip": st.factor_clip}
     extra = {
-        "marft_a": {"agent_order": "dependency", "factor_scope": "ancestors", "factor_clip": 0.2},
-        "marft_a_random": {"agent_order": "random", "factor_scope": "ancestors", "factor_clip": 0.2},
+        "marft_a": marft_a,
+        "marft_a_rerollout": {**marft_a, "update_scheme": "rerollout"},
+        "happo": {"agent_order": "random", "factor_scope": "round", "factor_clip": None},
         "independent": {"agent_order": "dependency", "factor_scope": "none"},
-        "shared": {"shared_adapter": True, "factor_scope": "none",
-                   "num_minibatches": COMMON["num_minibatches"] * spec.hops},
+        "shared": {"shared_adapter": True, "factor_scope": "none", "num_minibatches": st.minibatches * spec.hops},
     }
     if arm not in extra:
         raise ValueError(f"arm must be one of {[a for a in ARMS if a != 'untrained']}, got {arm!r}")
-    return MarftConfig(**{**COMMON, **extra[arm], "lr": lr, "seed": seed})
+    regime = {"ppo_epochs": st.epochs, "num_minibatches": st.minibatches, "target_kl": st.target_kl}
+    return MarftConfig(**{**COMMON, **regime, **extra[arm], "lr": lr, "seed": seed})
 
 
 def secrets_for(seed: int, iteration: int, n: int) -> list[str]:
@@ -91,12 +106,14 @@ def optimizer_steps(trainer) -> int:
 def run_arm(spec: RelaySpec, base: str | Path, arm: str, seed: int, lr: float | None, settings: RunSettings,
             store, j0: float | None = None) -> dict:
     """One (arm, seed) run: ``{"arm", "seed", "lr", "j": [J_0..J_T], "train_reward": [...],
-    "optimizer_steps", "seconds", "factor_mean": [...]}``. ``untrained`` does no work (its curve is J_0)."""
+    "optimizer_steps", "episodes", "seconds", "factor_mean": [...], "valid_mass": [[per hop]...],
+    "diagnostics": [per update: per agent KL step, M q05/q50/q95, clip fractions, epochs, steps]}``.
+    ``untrained`` does no work (its curve is J_0)."""
     import torch
 
     from ..trainers.marft import MarftTrainer
     from ..trainers.rollout import RolloutPolicy
-    from .exact import exact_j
+    from .exact import allowed_ids, chain_matrices, j_from_matrices, valid_mass
     from .graph import BatchSampler, instrumented_graph, rollout
 
     started = time.perf_counter()
@@ -104,24 +121,48 @@ def run_arm(spec: RelaySpec, base: str | Path, arm: str, seed: int, lr: float | 
         if j0 is None:
             raise ValueError("the untrained arm needs j0 (the warm start's exact J)")
         return {"arm": arm, "seed": seed, "lr": None, "j": [j0] * (settings.iterations + 1),
-                "train_reward": [], "optimizer_steps": 0, "seconds": 0.0, "factor_mean": []}
+                "train_reward": [], "optimizer_steps": 0, "episodes": 0, "seconds": 0.0, "factor_mean": [],
+                "valid_mass": [], "diagnostics": []}
     torch.manual_seed(seed)
-    trainer = MarftTrainer(arm_config(arm, spec, lr, seed), base, agents=spec.agents)
-    sampler = BatchSampler(RolloutPolicy(trainer), temperature=settings.temperature)
+    trainer = MarftTrainer(arm_config(arm, spec, lr, seed, settings), base, agents=spec.agents)
+    tok = trainer.policy.tokenizer
+    allowed = {h: allowed_ids(tok, spec, h) for h in range(spec.hops)} if settings.masked else None
+    sampler = BatchSampler(RolloutPolicy(trainer), temperature=settings.temperature, allowed=allowed)
     source = f"relay/{arm}/s{seed}"
     app = instrumented_graph(spec, sampler, store, source)
-    curve = [exact_j(trainer, spec, temperature=settings.temperature)]
-    rewards, factors = [], []
+
+    def measure():
+        mats = chain_matrices(trainer, spec, temperature=settings.temperature, masked=settings.masked)
+        curve.append(j_from_matrices(mats))
+        masses.append(valid_mass(mats))
+
+    curve, masses, rewards, factors, diags, consumed = [], [], [], [], [], 0
+    measure()
     for it in range(settings.iterations):
-        sampler.policy = RolloutPolicy(trainer)
-        episodes = rollout(app, sampler, store, source, secrets_for(seed, it, settings.episodes), seed * 1000 + it)
-        m = trainer.train_on(episodes)
-        rewards.append(m["reward_mean"])
-        factors.append(m.get("factor_mean", 1.0))
-        curve.append(exact_j(trainer, spec, temperature=settings.temperature))
+        secrets = secrets_for(seed, it, settings.episodes)
+        parts = [0, 0]  # episodes played, rollouts played in this iteration
+
+        def play(policy, k, it=it, secrets=secrets, parts=parts):
+            sampler.policy = policy  # the trainer's adapters as they are now (a swap after each agent)
+            start = parts[0]
+            episodes = rollout(app, sampler, store, source, secrets[start:start + k],
+                               seed * 1000 + it + 10**7 * parts[1])
+            parts[0], parts[1] = start + k, parts[1] + 1
+            return episodes
+
+        diags_it: list = []
+        for m in trainer.iteration(play, settings.episodes):
+            rewards.append(m["reward_mean"])
+            factors.append(m.get("factor_mean", 1.0))
+            diags_it.append({"per_agent": m["per_agent"], "early_stops": m["early_stops"],
+                             **({"rerollout": m["rerollout"]} if "rerollout" in m else {})})
+        consumed += parts[0]
+        diags.append(diags_it)
+        measure()
     return {"arm": arm, "seed": seed, "lr": lr, "j": curve, "train_reward": rewards,
-            "optimizer_steps": optimizer_steps(trainer), "seconds": time.perf_counter() - started,
-            "factor_mean": factors}
+            "optimizer_steps": optimizer_steps(trainer), "episodes": consumed,
+            "seconds": time.perf_counter() - started, "factor_mean": factors, "valid_mass": masses,
+            "diagnostics": diags}
 
 
 def run_seed(spec: RelaySpec, base: str | Path, arms: list[str], lrs: dict[str, float], seed: int,

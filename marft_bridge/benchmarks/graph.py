@@ -36,8 +36,10 @@ class BatchSampler:
     ``policy``: a ``RolloutPolicy`` (``act_many(agent, batch, generator=..., temperature=...)``).
     """
 
-    def __init__(self, policy, *, temperature: float = 1.0, max_new_tokens: int = 6):
+    def __init__(self, policy, *, temperature: float = 1.0, max_new_tokens: int = 6,
+                 allowed: dict[int, list[int]] | None = None):
         self.policy, self.temperature, self.max_new_tokens = policy, temperature, max_new_tokens
+        self.allowed = allowed or {}  # hop -> allowed_token_ids (its alphabet's tokens and EOS), or unmasked
         self.rollout_seed = 0
         self.live = 0  # runs in flight; a hop's batch is complete when all of them have asked
         self._pending: dict[int, list] = {}
@@ -66,7 +68,8 @@ class BatchSampler:
         gen = torch.Generator().manual_seed(self.rollout_seed * SEED_STRIDE + hop)
         try:
             actions = self.policy.act_many(queue[0][1], [r[2] for r in queue], generator=gen,
-                                           temperature=self.temperature, max_new_tokens=self.max_new_tokens)
+                                           temperature=self.temperature, max_new_tokens=self.max_new_tokens,
+                                           allowed_token_ids=self.allowed.get(hop))
         except Exception as e:  # every waiting node gets the error, none hangs
             for *_, fut in queue:
                 fut.set_exception(e)
@@ -142,7 +145,7 @@ def rollout(app, sampler: BatchSampler, store, source: str, secrets: list[str], 
     store.flush()
     _, changed = store.changed_since(cursor)
     by_index = {}
-    for ep in (store.get_episode(i) for i in changed):
+    for ep in store.get_episodes(changed):  # chunked reads, not one query per episode
         if ep.source == source:
             by_index[int(ep.task["seed"])] = ep
     if len(by_index) != len(secrets):

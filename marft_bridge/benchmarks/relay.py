@@ -30,6 +30,8 @@ import shutil
 from functools import cached_property
 from pathlib import Path
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 WORDS = ("ant", "bee", "cat", "dog", "elk", "fox", "gnu", "hen")
@@ -129,15 +131,20 @@ class WarmStartConfig(BaseModel):
     intermediate_size: int = 64
     steps: int = Field(800, ge=1)
     lr: float = Field(1e-2, gt=0)
+    # even: every hop 50/50 code A / code B (J = hops / 2**hops). miscoordinated: upstream hops 70%
+    # code A, the decoder 70% code B, so the team starts at a worse saddle each agent alone cannot leave.
+    mix: Literal["even", "miscoordinated"] = "even"
 
 
-def demonstrations(spec: RelaySpec) -> list[tuple[list[dict[str, str]], str]]:
-    """Every (prompt, reply) pair of the 50/50 mixture: each hop, each input symbol, both codes."""
+def demonstrations(spec: RelaySpec, mix: str = "even") -> list[tuple[list[dict[str, str]], str]]:
+    """Every (prompt, reply) pair of the mixture: each hop, each input symbol, both codes (even:
+    once each; miscoordinated: 7 and 3 copies, code A the 7 upstream and code B at the decoder)."""
     out = []
     for hop in range(spec.hops):
+        weights = (1, 1) if mix == "even" else (7, 3) if hop < spec.hops - 1 else (3, 7)
         for i, symbol in enumerate(spec.alphabet(hop)):
-            for target in spec.targets(hop, i):
-                out.append((spec.messages(hop, symbol), target))
+            for target, w in zip(spec.targets(hop, i), weights):
+                out += [(spec.messages(hop, symbol), target)] * w
     return out
 
 
@@ -153,7 +160,9 @@ def warm_start(spec: RelaySpec, cache_dir: str | Path, config: WarmStartConfig |
     from ..tinymodel import build_tiny_model
 
     config = config or WarmStartConfig()
-    blob = json.dumps({"recipe": RECIPE_VERSION, "spec": spec.model_dump(), "config": config.model_dump(),
+    # The even mix hashes as before the field existed: its cached models stay valid.
+    dumped = config.model_dump(exclude={"mix"} if config.mix == "even" else None)
+    blob = json.dumps({"recipe": RECIPE_VERSION, "spec": spec.model_dump(), "config": dumped,
                        "words": WORDS, "alphabets": ALPHABETS}, sort_keys=True)
     target = Path(cache_dir) / f"relay-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
     if (target / "relay.json").exists():
@@ -165,7 +174,7 @@ def warm_start(spec: RelaySpec, cache_dir: str | Path, config: WarmStartConfig |
                      intermediate_size=config.intermediate_size, max_positions=64)
     tokenizer = AutoTokenizer.from_pretrained(tmp)
     model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
-    input_ids, attention, labels = pad_examples(encode_examples(tokenizer, demonstrations(spec)),
+    input_ids, attention, labels = pad_examples(encode_examples(tokenizer, demonstrations(spec, config.mix)),
                                                 tokenizer.pad_token_id)
     torch.manual_seed(spec.seed)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)

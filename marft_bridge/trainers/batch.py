@@ -15,14 +15,16 @@ add_generation_prompt=True), up to and including the end-of-turn EOS when the mo
 prefix of the first (a template that rewrites earlier turns), the action is skipped as
 ``template_prefix_unstable`` rather than trained on shifted tokens. Without messages the text is
 re-tokenised (+EOS when it stopped). Re-tokenised actions are counted, and their log-probs (if
-any) are not used.
+any) are not used. An action sampled with ``allowed_token_ids`` keeps that set (its log-probs are
+masked alike).
 
 Rewards: a team reward (no agent, no action) goes on the episode's last trainable action; an
 agent reward on that agent's last trainable action; an action reward on its action, or on the
 nearest earlier trainable action when that action is not trained (a tool call, a skipped action).
 
 Bad input is skipped with a counted reason, never truncated: episodes without rewards, actions
-whose agent has no adapter, token ids beyond the vocabulary, sequences longer than the context
+whose agent has no adapter, token ids beyond the vocabulary, a sampled token outside its
+``allowed_token_ids``, sequences longer than the context
 window, empty outputs. ``build_batch`` raises MarftError when nothing trainable remains.
 """
 
@@ -55,6 +57,9 @@ class Sample:
     # D among the samples: indices (into Batch.samples) of the nearest trainable actions this one
     # depends on, directly or through untrained actions (tools, env steps, skipped calls).
     parents: list[int] = field(default_factory=list)
+    # The tokens it was sampled among (SamplingParams.allowed_token_ids; None: the whole vocabulary):
+    # every log-prob of this action is the masked log-softmax over them.
+    allowed: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -168,14 +173,17 @@ def build_batch(episodes: list[Episode], tokenizer, agents: set[str], vocab_size
             else:
                 obs = observation_ids(act, tokenizer)
                 ids, beh, retok = action_ids(act, tokenizer)
+                allowed = set(act.sampling.allowed_token_ids or []) if act.sampling else set()
                 if obs is None or not obs:
                     reason = "no_observation"
                 elif ids is None:
                     reason = "template_prefix_unstable"
                 elif not ids:
                     reason = "empty_output"
-                elif max(obs + ids) >= vocab_size:
+                elif max(obs + ids + list(allowed)) >= vocab_size:
                     reason = "token_id_beyond_vocab"
+                elif allowed and not allowed.issuperset(ids):
+                    reason = "token_outside_allowed"
                 elif len(obs) + len(ids) > max_context:
                     reason = "longer_than_context"
             if reason:
@@ -190,7 +198,7 @@ def build_batch(episodes: list[Episode], tokenizer, agents: set[str], vocab_size
             placed_on[act.id] = last_of_agent[act.agent] = len(kept)
             nearest[act.id] = {len(kept)}
             kept.append(Sample(len(returns), ep.id, act.id, name, act.step, obs, ids, beh, float(temp),
-                               parents=sorted(parents)))
+                               parents=sorted(parents), allowed=tuple(sorted(allowed)) or None))
         if not kept:
             skipped["episode_without_trainable_action"] += 1
             continue

@@ -24,10 +24,17 @@ class MarftConfig(BaseModel):
     # batch (``random``: a fresh seeded permutation per update); each action's advantage is weighted by
     # M, the product of whole-action ratios pi_new/pi_old (sum log-probs, whatever logprob_reduction)
     # of its sources already updated: ``ancestors`` its ancestors in D within its round, ``step`` the
-    # other actions of its (episode, step) (HAPPO, parallel agents), ``episode`` every other action of
-    # its episode (trajectory-level variant), ``none`` M = 1 (independent per-agent PPO).
+    # other actions of its (episode, step) (HAPPO, parallel agents), ``round`` every other action of
+    # its round whatever its place in D (HAPPO for any order), ``episode`` every other action of its
+    # episode (trajectory-level variant), ``none`` M = 1 (independent per-agent PPO).
     agent_order: Literal["dependency", "random"] = "dependency"
-    factor_scope: Literal["ancestors", "step", "episode", "none"] = "ancestors"
+    factor_scope: Literal["ancestors", "round", "step", "episode", "none"] = "ancestors"
+    # ``stale``: every agent is updated from one iteration's episodes (the later agents' through M).
+    # ``rerollout`` (``train(env_fn)``): the iteration's episodes are split over the agents in update
+    # order; after agent k's update its new adapter serves the fresh episodes agent k+1 is updated on.
+    # Their behaviour policy already holds agents 1..k's updates, so M = 1 on them (no stale
+    # correction is needed); same episodes per iteration, same optimiser steps per agent.
+    update_scheme: Literal["stale", "rerollout"] = "stale"
     factor_clip: float | None = Field(0.2, gt=0, lt=1)  # M in [(1-eps)^n, (1+eps)^n], n ratios folded; None: off
     logprob_reduction: Literal["sum", "mean"] = "sum"  # MARFT-A surrogate's action log-prob (M always sums)
     gamma: float = Field(0.99, ge=0, le=1)  # discount per hop between actions (along D)

@@ -21,6 +21,10 @@ pi_new(a_j|o_j) / pi_old(a_j|o_j) folds into M_k once j's agent has been updated
 * ``ancestors``: j is an ancestor of k in D within k's round (HAPPO's sequential decomposition:
   an action is re-weighted by the updated policies of the actions it read, never by its
   descendants', siblings' or another round's);
+* ``round``: j is any other action of k's episode in k's round, whatever its place in D (HAPPO:
+  M over every agent already updated in the round; the joint ratio telescopes for any order
+  because the joint policy is a product, so a downstream agent or a sibling updated earlier counts
+  too, which ``ancestors`` leaves out under a random order);
 * ``step``: j acts at the same (episode, step) as k (HAPPO for agents acting in parallel);
 * ``episode``: j is any other action of k's episode (trajectory-level variant: it also counts
   descendants and other rounds);
@@ -76,17 +80,19 @@ def factor_sources(parents: list[list[int]], agents: list[str], episodes: list[i
         for k, anc in enumerate(same_round_ancestors(parents, agents)):
             ks += [k] * len(anc)
             js += sorted(anc)
-    elif scope in ("step", "episode"):
+    elif scope in ("round", "step", "episode"):
+        rounds = action_rounds(parents, agents) if scope == "round" else None
         groups: dict[tuple, list[int]] = {}
         for k, (e, s) in enumerate(zip(episodes, steps)):
-            groups.setdefault((e, s) if scope == "step" else (e,), []).append(k)
+            key = (e, rounds[k]) if scope == "round" else (e, s) if scope == "step" else (e,)
+            groups.setdefault(key, []).append(k)
         for members in groups.values():
             for k in members:
                 others = [j for j in members if j != k]
                 ks += [k] * len(others)
                 js += others
     elif scope != "none":
-        raise ValueError(f"factor_scope {scope!r}: expected ancestors, step, episode or none")
+        raise ValueError(f"factor_scope {scope!r}: expected ancestors, round, step, episode or none")
     as_t = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
     return as_t(ks), as_t(js)
 

@@ -15,7 +15,11 @@ b = dL/dH per row,
     dlogp/dz_v = [v = y] - p_v         dH/dz_v = -p_v (z_v - sum_u p_u z_u)
     dL/dh      = (1/T) (a ([v = y] - p) - b p (z - E_p z)) W
 
-in place in two (n, V) fp32 buffers. Peak memory is two to three (chunk_tokens x V) fp32 buffers
+in place in two (n, V) fp32 buffers.
+
+With a mask (``TokenMask``: the action was sampled with ``allowed_token_ids``) z_v = -inf outside
+each row's allowed set before the log-softmax, so p_v = 0 there; the expectations and the backward
+read those entries as 0 (p_v z_v = 0, not nan) and the gradient there is 0. Peak memory is two to three (chunk_tokens x V) fp32 buffers
 whatever the batch: at a 151,936-token vocabulary and 512-row chunks, under 1 GB; a 32k-token minibatch
 unchunked would be 20 GB per copy. A trainable or wrapped LM head (LoRA on ``lm_head``) takes the
 generic path: the same formulas through autograd under ``torch.utils.checkpoint`` per chunk.
@@ -27,6 +31,8 @@ saves for backward is re-gathered by FSDP's pre-backward hook, as for any layer'
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
@@ -34,10 +40,20 @@ from torch.utils.checkpoint import checkpoint
 DEFAULT_CHUNK_TOKENS = 512
 
 
-def _logits(h, head, temperature, inplace=False):
+def _logits(h, head, temperature, inplace=False, allowed=None):
     z = head(h)  # (n, V), bf16 on CUDA
     z = z.to(torch.promote_types(z.dtype, torch.float32))  # fp32 (fp64) math
-    return z.div_(temperature[:, None]) if inplace else z / temperature[:, None]
+    z = z.div_(temperature[:, None]) if inplace else z / temperature[:, None]
+    if allowed is None:
+        return z
+    return z.masked_fill_(~allowed, -math.inf) if inplace else z.masked_fill(~allowed, -math.inf)
+
+
+def _finite(z, allowed, inplace=False):
+    # The masked entries as 0 for sums with p (p_v = 0 there; -inf * 0 would be nan).
+    if allowed is None:
+        return z
+    return z.masked_fill_(~allowed, 0.0) if inplace else z.masked_fill(~allowed, 0.0)
 
 
 def _expect(p, z):
@@ -52,9 +68,9 @@ def _lse_softmax(z):
     return (total.log() + m).squeeze(-1), e.div_(total)
 
 
-def _stats(h, head, targets, temperature, with_entropy, inplace=False):
+def _stats(h, head, targets, temperature, with_entropy, inplace=False, allowed=None):
     # In place (outside autograd) at most two (n, V) buffers are alive at once: z and p.
-    z = _logits(h, head, temperature, inplace)  # (n, V)
+    z = _logits(h, head, temperature, inplace, allowed)  # (n, V)
     if inplace:
         lse, p = _lse_softmax(z)
     else:
@@ -62,19 +78,21 @@ def _stats(h, head, targets, temperature, with_entropy, inplace=False):
     logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
     if not with_entropy:
         return logp, None
-    return logp, lse - _expect(torch.softmax(z, dim=-1) if p is None else p, z)
+    p = torch.softmax(z, dim=-1) if p is None else p
+    return logp, lse - _expect(p, _finite(z, allowed, inplace))
 
 
 class _FrozenHead(torch.autograd.Function):
     """log-prob and entropy through a frozen Linear head; backward recomputes z chunk by chunk."""
 
     @staticmethod
-    def forward(ctx, h, weight, bias, targets, temperature, chunk, with_entropy):
+    def forward(ctx, h, weight, bias, targets, temperature, chunk, with_entropy, mask):
         head = lambda x: F.linear(x, weight, bias)  # noqa: E731
-        outs = [_stats(h[s:s + chunk], head, targets[s:s + chunk], temperature[s:s + chunk], with_entropy, True)
+        outs = [_stats(h[s:s + chunk], head, targets[s:s + chunk], temperature[s:s + chunk], with_entropy, True,
+                       None if mask is None else mask.rows(slice(s, s + chunk)))
                 for s in range(0, h.shape[0], chunk)]
         ctx.save_for_backward(h, weight, bias, targets, temperature)
-        ctx.chunk = chunk
+        ctx.chunk, ctx.mask = chunk, mask
         logp = torch.cat([o[0] for o in outs])
         ent = torch.cat([o[1] for o in outs]) if with_entropy else logp.new_zeros(0)
         return logp, ent
@@ -86,8 +104,10 @@ class _FrozenHead(torch.autograd.Function):
         for s in range(0, h.shape[0], chunk):
             sl = slice(s, s + chunk)
             a, y, t = g_logp[sl, None], targets[sl, None], temperature[sl, None]
-            z = _logits(h[sl], lambda x: F.linear(x, weight, bias), temperature[sl], inplace=True)  # (n, V)
+            allowed = None if ctx.mask is None else ctx.mask.rows(sl)
+            z = _logits(h[sl], lambda x: F.linear(x, weight, bias), temperature[sl], True, allowed)  # (n, V)
             p = _lse_softmax(z)[1]  # (n, V)
+            z = _finite(z, allowed, inplace=True)
             if g_ent.numel():
                 b = g_ent[sl, None]
                 gz = z.sub_(_expect(p, z)[:, None]).mul_(-b).sub_(a).mul_(p)  # -b p (z - Ez) - a p
@@ -96,12 +116,13 @@ class _FrozenHead(torch.autograd.Function):
             gz.scatter_add_(1, y, a).div_(t)  # + a [v = y]; through z = logits / T
             grads.append((gz.to(weight.dtype) @ weight).to(h.dtype))  # (n, H)
             del z, p, gz  # before the next chunk allocates its own
-        return torch.cat(grads), None, None, None, None, None, None
+        return torch.cat(grads), None, None, None, None, None, None, None
 
 
 def chunked_logprobs(h: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, temperature: torch.Tensor,
-                     chunk_tokens: int = DEFAULT_CHUNK_TOKENS, with_entropy: bool = False):
-    """(logp (N,), entropy (N,) or None) for the rows ``h`` (N, H) through ``lm_head``.
+                     chunk_tokens: int = DEFAULT_CHUNK_TOKENS, with_entropy: bool = False, mask=None):
+    """(logp (N,), entropy (N,) or None) for the rows ``h`` (N, H) through ``lm_head``; ``mask``
+    (policy.TokenMask or None): each row's allowed tokens.
 
     Without autograd the chunks simply run one after another and free their logits.
     """
@@ -116,13 +137,15 @@ def chunked_logprobs(h: torch.Tensor, lm_head: torch.nn.Module, targets: torch.T
         h = h.to(lm_head.weight.dtype)
     if frozen_linear and torch.is_grad_enabled() and h.requires_grad:
         logp, ent = _FrozenHead.apply(h, lm_head.weight, lm_head.bias, targets, temperature, chunk_tokens,
-                                      with_entropy)
+                                      with_entropy, mask)
         return logp, (ent if with_entropy else None)
     grad = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in params))
     outs = []
     for s in range(0, h.shape[0], chunk_tokens):
-        args = (h[s:s + chunk_tokens], lm_head, targets[s:s + chunk_tokens], temperature[s:s + chunk_tokens],
-                with_entropy)
-        outs.append(checkpoint(_stats, *args, use_reentrant=False) if grad else _stats(*args, inplace=True))
+        sl = slice(s, s + chunk_tokens)
+        allowed = None if mask is None else mask.rows(sl)
+        args = (h[sl], lm_head, targets[sl], temperature[sl], with_entropy)
+        outs.append(checkpoint(_stats, *args, False, allowed, use_reentrant=False) if grad
+                    else _stats(*args, True, allowed))
     logp = torch.cat([o[0] for o in outs])
     return logp, (torch.cat([o[1] for o in outs]) if with_entropy else None)

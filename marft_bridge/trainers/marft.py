@@ -13,7 +13,9 @@ One update on a batch of episodes (``MarftTrainer.train_on``):
    decoupled behaviour weight, + beta*KL_k2(pi || ref) - c_H*H; then, with no gradient, its
    whole-action ratios (sum log-probs) fold into the M of the actions they are sources of (default:
    its descendants in D within their round), M clipped to [(1-eps)^n, (1+eps)^n]. One adapter for
-   all agents (``shared_adapter``, ``single_agent``): one group, M = 1.
+   all agents (``shared_adapter``, ``single_agent``): one group, M = 1. ``update_scheme: rerollout``
+   (``iteration``): one update per agent, each on fresh episodes its predecessors' new adapters
+   played, so M = 1 there.
 5. Critic: clipped Huber value loss towards the GAE returns.
 6. Guards: a non-finite loss skips that step (logged, counted); an approx-KL above ``target_kl``
    stops that agent's epochs (logged); entropy / reference-KL collapse or non-finite weights roll
@@ -54,7 +56,6 @@ from ..errors import MarftError
 from . import checkpoint
 from . import distributed as D
 from . import losses as L
-from .advantages import gae_along_d, successors
 from .batch import Batch, build_batch
 from .config import MarftConfig
 from .critic import ValueHead, critic_params, values
@@ -64,6 +65,7 @@ from .policy import CRITIC_ADAPTER, MultiAgentPolicy, pack, pick_device
 from .progress import ProgressBar
 from .rollout import RolloutPolicy, evaluate
 from .snapshot import RollbackSnapshot
+from .update import RolloutBatch, rollout_batch
 
 log = logging.getLogger("marft_bridge.trainers")
 
@@ -108,9 +110,10 @@ class MarftTrainer:
     def agents(self) -> list[str]:
         return self.policy.agents
 
-    def train_on(self, episodes) -> dict:
-        """One MARFT update on these episodes (list, or any iterable of Episode); returns its metrics."""
-        metrics = self._update(self._batch(list(episodes)[self.rank::self.world]))
+    def train_on(self, episodes, agents: list[str] | None = None) -> dict:
+        """One MARFT update on these episodes (list, or any iterable of Episode); returns its metrics.
+        ``agents``: update only these (and the critic), as ``update_scheme: rerollout`` does."""
+        metrics = self._update(self._batch(list(episodes)[self.rank::self.world]), only=agents)
         self.update_count += 1
         metrics["update"] = self.update_count
         self._guard_collapse(metrics)
@@ -138,15 +141,47 @@ class MarftTrainer:
         return out
 
     def train(self, env_fn, iterations: int, episodes_per_iteration: int | None = None, progress: bool = False):
-        """On-policy MARFT: each iteration rolls out fresh episodes with the current adapters, then updates."""
+        """On-policy MARFT: each iteration rolls out fresh episodes with the current adapters, then updates
+        (``update_scheme: rerollout``: one update per agent, each on fresh episodes; ``iteration``)."""
         n = episodes_per_iteration or self.config.batch_episodes
+
+        def rollout(policy, k):
+            seed = self.config.seed * 1_000_003 + self.update_count  # from the counter: resumable
+            return env_fn(policy, k, seed)
+
         history = []
         with ProgressBar(iterations, progress) as bar:
             for _ in range(iterations):
-                seed = self.config.seed * 1_000_003 + self.update_count  # from the counter: resumable
-                history.append(self.train_on(env_fn(RolloutPolicy(self), n, seed)))
+                history += self.iteration(rollout, n)
                 bar(history[-1])
         return history
+
+    def iteration(self, rollout, n: int) -> list[dict]:
+        """One on-policy iteration of ``n`` episodes, ``rollout(policy, k) -> k episodes`` played with the
+        adapters ``policy`` (a RolloutPolicy) holds now; the metrics of its updates.
+
+        ``stale``: one rollout of n, one update of every agent. ``rerollout``: n split over the trained
+        agents in update order (the order from the first share's batch; the first shares one episode
+        larger when n does not divide): agent k is updated alone on its share, which agent k-1's new
+        adapter has just played (a swap); M = 1 there. A server-backed ``rollout`` publishes first
+        (``policy.save_adapters``). Each update's metrics carry ``rerollout``: agent, episodes, swap."""
+        c = self.config
+        trained = [a for a in self.policy.agents if a not in c.frozen_agents]
+        if c.update_scheme == "stale" or c.mode == "single_agent" or c.shared_adapter or len(trained) < 2:
+            return [self.train_on(rollout(RolloutPolicy(self), n))]
+        shares = [n // len(trained) + (k < n % len(trained)) for k in range(len(trained))]
+        episodes = rollout(RolloutPolicy(self), shares[0])
+        batch = self._batch(list(episodes)[self.rank::self.world])
+        order = self._agent_order(batch, self._sources(batch, "ancestors"))
+        order += [a for a in trained if a not in order]  # agents absent from the first share still get theirs
+        out = []
+        for k, agent in enumerate(order):
+            if k:  # the previous agent's new adapter plays this agent's episodes
+                episodes = rollout(RolloutPolicy(self), shares[k])
+            m = self.train_on(episodes, agents=[agent])
+            m["rerollout"] = {"agent": agent, "episodes": len(episodes), "swap": k > 0}
+            out.append(m)
+        return out
 
     def fit(self, episodes, iterations: int, progress: bool = False) -> list[dict]:
         """Offline MARFT on stored traces: update ``iterations`` times on successive slices of
@@ -185,6 +220,12 @@ class MarftTrainer:
         return build_batch(episodes, p.tokenizer, set(p.agents), p.vocab_size, p.max_context,
                            self.config.default_temperature)
 
+    @staticmethod
+    def _sources(batch: Batch, scope: str) -> tuple[torch.Tensor, torch.Tensor]:
+        S = batch.samples
+        return factor_sources([s.parents for s in S], [s.agent for s in S], [s.episode for s in S],
+                              [s.step for s in S], scope)
+
     def _agent_order(self, batch: Batch, anc: tuple[torch.Tensor, torch.Tensor]) -> list[str]:
         """Trained agents with samples (on any rank), in the order factor.update_order picks."""
         trained = [a for a in self.policy.agents if a not in self.config.frozen_agents]
@@ -193,56 +234,44 @@ class MarftTrainer:
             stats = D.all_reduce_sum(stats, self.device)
         return update_order(trained, stats, self.config.agent_order, self.order_gen)
 
-    def _update(self, batch: Batch) -> dict:
+    def _update(self, batch: Batch, only: list[str] | None = None) -> dict:
         c = self.config
-        token_level = c.mode == "marft_t"
         S = batch.samples
         K = len(S)
-        lens = [len(s.act_ids) for s in S]  # L_k: action tokens of sample k
-        parents, agents = [s.parents for s in S], [s.agent for s in S]
-        episodes, steps = [s.episode for s in S], [s.step for s in S]
 
-        # 1. Rollout statistics (no gradient): per sample (L_k,) proximal / reference token log-probs,
-        #    old values ((L_k,) MARFT-T, () MARFT-A); behaviour log-probs from the trace, else proximal.
-        prox, ref, old_v, feats = self.passes.rollout_stats(S)
-        beh = [torch.tensor(s.beh_logp, dtype=torch.float32, device=self.device) if s.beh_logp is not None
-               and len(s.beh_logp) == len(s.act_ids) else p for s, p in zip(S, prox)]
-
-        # 2. GAE by backward induction over D: each action bootstraps from its successors (advantages.py).
-        succ = successors(parents, episodes)
-        adv_d, ret_d = gae_along_d([s.reward for s in S], [v.reshape(-1) for v in old_v], succ, c.gamma,
-                                   c.gae_lambda, c.token_gamma, c.token_lambda)
-        adv = torch.cat(adv_d).float().to(self.device)  # (sum L_k,) MARFT-T, (K,) MARFT-A
-        ret = torch.cat(ret_d).float().to(self.device)
-        adv_s = list(adv.split(lens)) if token_level else list(adv.unbind(0))
-        ret_s = list(ret.split(lens)) if token_level else list(ret.unbind(0))
+        # 1-2. Rollout statistics (no gradient) and GAE along D, as flat tensors (update.py).
+        rb = rollout_batch(S, self.passes, c, self.device)
 
         m = {"reward_mean": sum(batch.episode_returns) / len(batch.episode_returns), "episodes": batch.episodes,
              "samples": K, "tokens": batch.n_tokens, "skipped": dict(batch.skipped), "flagged": dict(batch.flagged),
-             "skipped_nonfinite": 0, "early_stops": [], "agent_order": []}
+             "skipped_nonfinite": 0, "early_stops": [], "agent_order": [], "per_agent": {}}
         acc: dict[str, list[float]] = {k: [] for k in ("policy_loss", "kl_ref", "entropy", "approx_kl", "clipfrac",
                                                      "behaviour_weight", "value_loss")}
 
         # 3. Sequential trust region (factor.py). M_k = product of exp(sum new - sum prox) over the
         #    sources j of sample k (pairs k <- j) whose agent is already updated; clipped per ratio.
-        anc = factor_sources(parents, agents, episodes, steps, "ancestors")
-        sources = anc if c.factor_scope == "ancestors" else factor_sources(parents, agents, episodes, steps,
-                                                                           c.factor_scope)
+        anc = self._sources(batch, "ancestors")
+        sources = anc if c.factor_scope == "ancestors" else self._sources(batch, c.factor_scope)
         log_m = torch.zeros(K, dtype=torch.float64)  # (K,) log M, unclipped
         n_m = torch.zeros(K, dtype=torch.float64)  # (K,) ratios folded into M
         seen_m = torch.ones(K, dtype=torch.float64)  # (K,) the clipped M each sample's update used
         seen_clip = torch.zeros(K, dtype=torch.bool)
         seen_n = torch.zeros(K, dtype=torch.float64)  # (K,) ratios folded into the M each sample's update used
         one_group = c.mode == "single_agent" or c.shared_adapter  # one adapter: one group, M = 1
+        order = self._agent_order(batch, anc)
+        if only is not None:  # update_scheme rerollout: this batch trains these agents only
+            order = [a for a in order if a in only]
         groups = ([(None, list(range(K)))] if one_group else
-                  [(a, [i for i, s in enumerate(S) if s.agent == a]) for a in self._agent_order(batch, anc)])
+                  [(a, [i for i, s in enumerate(S) if s.agent == a]) for a in order])
         for g_i, (agent, idx) in enumerate(groups):
             adapter = self.policy.adapters[0] if agent is None else self.policy.adapter_of[agent]
-            m["agent_order"].append(agent or adapter)
+            name = agent or adapter
+            m["agent_order"].append(name)
             params = self.policy.adapter_params(adapter)
             factor, clipped = clip_factor(log_m, n_m, c.factor_clip)  # (K,), (K,)
             seen_m[idx], seen_clip[idx], seen_n[idx] = factor[idx], clipped[idx], n_m[idx]
-            factor = factor.float().to(self.device)
+            rb.b_factor = factor.float().to(self.device)
+            diag = {"samples": len(idx), "epochs": 0, "optimizer_steps": 0, "clipfrac": []}
 
             # 3a. PPO epochs on this agent's samples: clipped surrogate on M * A (+ KL, - entropy).
             gen = self.gens[f"agent/{agent}" if agent is not None else "group/all"]
@@ -250,44 +279,56 @@ class MarftTrainer:
                 kls = []
                 for mb in self._minibatches(idx, gen):
                     loss = None
-                    units, tokens = self._global_counts(S, mb, token_level)
+                    units, tokens = self._global_counts(rb, mb)
                     if mb:
-                        loss, stats = self._policy_backward(adapter, S, mb, prox, ref, beh, adv_s, factor,
-                                                            token_level, units, tokens)
+                        loss, stats = self._policy_backward(adapter, rb, mb, units, tokens)
                         for k, v in stats.items():
                             acc[k].append(v)
                         kls.append(stats["approx_kl"])
+                        diag["clipfrac"].append(stats["clipfrac"])
                     elif self.policy.sharded:
                         self.passes.idle(adapter)
-                    self._step(params, self.optims[adapter], loss, m, f"policy {agent or adapter}",
-                               f"policy.{adapter}")
+                    diag["optimizer_steps"] += self._step(params, self.optims[adapter], loss, m, f"policy {name}",
+                                                          f"policy.{adapter}")
+                diag["epochs"] = epoch + 1
                 if c.target_kl is not None and (kl := self._mean_all(kls)) > c.target_kl:
                     log.warning("agent %s: approx-KL %.4g > target_kl %s after epoch %d; stopping its epochs",
-                                agent or adapter, kl, c.target_kl, epoch + 1)
-                    m["early_stops"].append({"agent": agent or adapter, "epoch": epoch + 1, "approx_kl": kl})
+                                name, kl, c.target_kl, epoch + 1)
+                    m["early_stops"].append({"agent": name, "epoch": epoch + 1, "approx_kl": kl})
                     break
 
-            # 3b. Fold its whole-action ratios into the M of the samples they are sources of (no gradient).
+            # 3b. After its update (no gradient): its whole-action log-ratios new - proximal fold into
+            # the M of the samples they are sources of; new - behaviour is its KL step (diagnostics).
             # (A rank without this agent's samples still joins the pass: fsdp2 passes are collectives.)
-            if agent is not None and g_i + 1 < len(groups) and c.factor_scope != "none":
-                with torch.no_grad():
-                    new_tok = self.passes.token_logprobs(adapter, [S[i] for i in idx])  # (L_k,) per sample
+            with torch.no_grad():
+                new_tok = self.passes.token_logprobs(adapter, [S[i] for i in idx])  # (L_k,) per sample
+                if idx:
+                    log_ratio_new = rb.action_log_ratios(idx, new_tok, rb.b_prox)  # (k,) sum new - sum prox
+                    log_ratio_beh = rb.action_log_ratios(idx, new_tok, rb.b_beh)  # (k,) sum new - sum beh
+                    # KL(behaviour || new) of its whole actions, k3 on the samples the behaviour drew
+                    diag["kl_step"] = float(((log_ratio_beh.exp() - 1) - log_ratio_beh).mean())
+                diag.update({k.replace("factor_", "m_"): v for k, v in
+                             factor_stats(seen_m[idx], seen_clip[idx], seen_n[idx]).items()
+                             if k in ("factor_q05", "factor_q50", "factor_q95", "factor_clipfrac")})
+                if agent is not None and g_i + 1 < len(groups) and c.factor_scope != "none":
                     log_ratio = torch.zeros(K, dtype=torch.float64)  # (K,) sum new - sum prox, this agent's
                     if idx:
-                        log_ratio[idx] = torch.stack([(t - prox[i]).sum() for i, t in zip(idx, new_tok)]).double().cpu()
+                        log_ratio[idx] = log_ratio_new
                     updated = torch.zeros(K, dtype=torch.bool)
                     updated[idx] = True
                     log_m, n_m = fold_factor(log_m, n_m, sources, log_ratio, updated)
+            diag["clipfrac"] = sum(diag["clipfrac"]) / len(diag["clipfrac"]) if diag["clipfrac"] else 0.0
+            m["per_agent"][name] = diag
 
         # 4. Critic: clipped Huber value loss towards the GAE returns.
         critic = critic_params(self.policy, self.head)
         for _ in range(c.ppo_epochs):
             for mb in self._minibatches(list(range(K)), self.gens["critic"]):
                 loss = None
-                units, _ = self._global_counts(S, mb, token_level)
+                units, _ = self._global_counts(rb, mb)
                 if mb:
-                    loss = self._critic_backward(S, mb, feats, old_v, ret_s, token_level, units)
-                    acc["value_loss"].append(loss * units / self._units(S, mb, token_level))  # local mean
+                    loss = self._critic_backward(rb, mb, units)
+                    acc["value_loss"].append(loss * units / rb.n_units(mb))  # local mean
                 elif self.policy.sharded and c.critic_backbone == "lora":
                     self.passes.idle(None, critic=True)
                 self._step(critic, self.critic_optim, loss, m, "critic", "critic")
@@ -299,48 +340,43 @@ class MarftTrainer:
         self.last_factor = seen_m.tolist()  # diagnostics: per sample, in batch order
         return m
 
-    def _units(self, S, mb, token_level) -> int:
-        # What the minibatch's PPO / value losses average over: tokens (MARFT-T) or actions (MARFT-A).
-        return sum(len(S[i].act_ids) for i in mb) if token_level else len(mb)
-
-    def _global_counts(self, S, mb, token_level) -> tuple[float, float]:
+    def _global_counts(self, rb: RolloutBatch, mb: list[int]) -> tuple[float, float]:
         """(units, tokens) of this minibatch summed over all ranks: every rank divides its loss sums by
         these, so the summed gradients are the token-weighted mean over ranks (distributed.py)."""
-        counts = [float(self._units(S, mb, token_level)), float(sum(len(S[i].act_ids) for i in mb))]
+        counts = [float(rb.n_units(mb)), float(rb.n_tokens(mb))] if mb else [0.0, 0.0]
         if self.world > 1:
             counts = D.sum_floats(counts, self.device)
         return counts[0], counts[1]
 
-    def _policy_backward(self, adapter, S, mb, prox, ref, beh, adv_s, factor, token_level, units, tokens):
+    def _policy_backward(self, adapter: str, rb: RolloutBatch, mb: list[int], units: float, tokens: float):
         """Backward of the minibatch's policy loss, micro-batch by micro-batch (gradients accumulate);
         returns (the loss value, its stats). Each micro-batch's means are weighted by its share of the
-        minibatch's units / tokens over all ranks, so the accumulated gradient is the whole minibatch's."""
-        c = self.config
-        adv = torch.cat([adv_s[i] for i in mb]) if token_level else torch.stack([adv_s[i] for i in mb])
+        minibatch's units / tokens over all ranks (``units``, ``tokens``), so the accumulated gradient
+        is the whole minibatch's."""
+        c, S, token_level = self.config, rb.samples, rb.token_level
+        mb_adv = rb.b_adv[rb.units(mb)]  # (u,) this minibatch's advantages
         if c.normalize_advantages:  # over the whole minibatch, before it is split
-            adv = L.normalize(adv)
-        ln = [len(S[i].act_ids) for i in mb]  # L_b: action tokens of minibatch sample b
-        adv_b = dict(zip(mb, adv.split(ln) if token_level else adv.unbind(0)))
-        local_units, local_tokens = self._units(S, mb, token_level), sum(ln)
+            mb_adv = L.normalize(mb_adv)
+        adv = torch.empty_like(rb.b_adv)  # (U,) scatter back, so micro-batches index by unit
+        adv[rb.units(mb)] = mb_adv
+        local_units, local_tokens = rb.n_units(mb), rb.n_tokens(mb)
         total, stats = 0.0, dict.fromkeys(("policy_loss", "kl_ref", "entropy", "approx_kl", "clipfrac",
                                            "behaviour_weight"), 0.0)
         with self.policy.grad_mode():
             for plan in self.passes.gradient_plan([S[i] for i in mb], adapter):  # fsdp2: pads run inside
                 sub = [mb[j] for j in plan]
-                ss = [S[i] for i in sub]
-                lm = [len(s.act_ids) for s in ss]
-                new_tok, ent, _, _ = self.passes.forward(adapter, ss, grad=True, entropy=True)  # (N,): N = sum L_b
-                prox_tok = torch.cat([prox[i] for i in sub])  # (N,)
-                beh_tok = torch.cat([beh[i] for i in sub])  # (N,)
-                ref_tok = torch.cat([ref[i] for i in sub])  # (N,)
-                mfac = factor[sub]  # (B,) M per sample
+                lm = rb.lens[sub].tolist()  # L_b per sample of the micro-batch
+                tok = rb.tokens(sub)  # (N,) flat token positions: N = sum L_b
+                new_tok, ent, _, _ = self.passes.forward(adapter, [S[i] for i in sub], grad=True, entropy=True)  # (N,)
+                prox_tok, beh_tok, ref_tok = rb.b_prox[tok], rb.b_beh[tok], rb.b_ref[tok]  # (N,)
+                mfac = rb.b_factor[sub]  # (B,) M per sample
                 if token_level:  # MARFT-T: one PPO sample per token
                     new, old, b = new_tok, prox_tok, beh_tok  # (N,)
-                    mfac = mfac.repeat_interleave(torch.tensor(lm, device=self.device))  # (N,)
-                    a = torch.cat([adv_b[i] for i in sub])  # (N,)
+                    mfac = mfac.repeat_interleave(rb.lens[sub].to(self.device))  # (N,)
+                    a = adv[tok]  # (N,)
                 else:  # MARFT-A: one PPO sample per action
                     new, old, b = (L.action_logprobs(t, lm, c.logprob_reduction) for t in (new_tok, prox_tok, beh_tok))
-                    a = torch.stack([adv_b[i] for i in sub])  # (B,)
+                    a = adv[sub]  # (B,)
                 su, st = new.numel() / units, new_tok.numel() / tokens  # shares of the minibatch (all ranks)
                 w = L.behaviour_weights(old, b, c.behaviour_weight_cap)  # w = min(exp(prox - beh), cap)
                 # L_clip = -E[w * min(r M A, clip(r, 1 - eps, 1 + eps) M A)],  r = exp(new - prox)
@@ -363,24 +399,23 @@ class MarftTrainer:
                     stats["behaviour_weight"] += lu * float(w.mean())
         return total, stats
 
-    def _critic_backward(self, S, mb, feats, old_v, ret_s, token_level, units) -> float:
+    def _critic_backward(self, rb: RolloutBatch, mb: list[int], units: float) -> float:
         """Backward of the minibatch's value loss (micro-batched through a LoRA critic backbone); its value."""
-        c = self.config
-        cat = torch.cat if token_level else torch.stack
-        frozen = feats[mb[0]] is not None
+        c, S = self.config, rb.samples
+        frozen = rb.b_feat is not None
         plans = [list(range(len(mb)))] if frozen else self.passes.gradient_plan([S[i] for i in mb], None, critic=True)
         total = 0.0
         for plan in plans:
             sub = [mb[j] for j in plan]
+            u = rb.units(sub)
             if frozen:  # the reference pass's features, head only
-                v = self.head(cat([feats[i] for i in sub]))
+                v = self.head(rb.b_feat[u])
             else:
                 ss = [S[i] for i in sub]
                 packed = pack([s.obs_ids for s in ss], [s.act_ids for s in ss], self.policy.pad_id, self.device)
-                v = values(self.policy, self.head, packed, token_level)
+                v = values(self.policy, self.head, packed, rb.token_level)
             # L_V = c_V * E[max(huber(V - R), huber(V_old + clip(V - V_old, -eps_V, eps_V) - R))]
-            value_loss = c.value_coef * L.clipped_value_loss(v, cat([old_v[i] for i in sub]),
-                                                             cat([ret_s[i] for i in sub]), c.value_clip, c.huber_delta)
+            value_loss = c.value_coef * L.clipped_value_loss(v, rb.b_val[u], rb.b_ret[u], c.value_clip, c.huber_delta)
             loss = value_loss * (v.numel() / units)
             loss.backward()
             total += float(loss.detach())
@@ -395,9 +430,9 @@ class MarftTrainer:
         chunks = [[idx[j] for j in perm[k::n]] for k in range(n)]
         return chunks if self.world > 1 else [ch for ch in chunks if ch]
 
-    def _step(self, params, optim, loss: float | None, metrics, what: str, group: str) -> None:
+    def _step(self, params, optim, loss: float | None, metrics, what: str, group: str) -> int:
         """(Token-weighted all-reduced) accumulated gradient + clip + step; a non-finite loss on any rank
-        skips the step, logged. The backward passes already ran (``_policy_backward``)."""
+        skips the step, logged. The backward passes already ran (``_policy_backward``). 1 if it stepped."""
         bad = [0.0 if loss is None or math.isfinite(loss) else 1.0]
         if self.world > 1:
             bad = D.sum_floats(bad, self.device)
@@ -405,15 +440,16 @@ class MarftTrainer:
             optim.zero_grad(set_to_none=True)
             metrics["skipped_nonfinite"] += 1
             log.warning("update %d: non-finite %s loss; step skipped", self.update_count + 1, what)
-            return
+            return 0
         if self.world > 1:
             D.all_reduce_gradients(params, self.device)  # one flat all-reduce per adapter
         elif loss is None:
-            return
+            return 0
         D.clip_grad_norm_(params, self.config.max_grad_norm, self.device)  # sharded (fsdp2) or not
         optim.step()
         optim.zero_grad(set_to_none=True)
         self._changed.add(group)
+        return 1
 
     def _mean_all(self, xs: list[float]) -> float:
         t = [sum(xs), float(len(xs))]

@@ -16,7 +16,7 @@ from . import fsdp, microbatch
 from .batch import Sample
 from .config import MarftConfig
 from .critic import ValueHead, features, values
-from .policy import MultiAgentPolicy, pack
+from .policy import MultiAgentPolicy, TokenMask, pack
 
 
 class SamplePasses:
@@ -69,8 +69,10 @@ class SamplePasses:
         packed = pack([s.obs_ids for s in samples], [s.act_ids for s in samples], self.policy.pad_id,
                       self.device) if samples else self.empty_pack()
         temp = torch.tensor([s.temperature for s in samples for _ in s.act_ids], device=self.device)
+        mask = TokenMask.build([s.allowed for s in samples], [len(s.act_ids) for s in samples],
+                               self.policy.vocab_size, self.device)  # None when nothing was sampled masked
         with torch.set_grad_enabled(grad):
-            logp, ent, h = self.policy.token_logprobs(adapter, packed, temp, with_entropy=entropy)
+            logp, ent, h = self.policy.token_logprobs(adapter, packed, temp, with_entropy=entropy, mask=mask)
         return logp, ent, packed, h
 
     @torch.no_grad()

@@ -19,7 +19,14 @@
   to absorb the difference).
 * Only the rows that predict action tokens go through the LM head, in chunks of at most
   ``logits_chunk_tokens`` rows (logprobs.py), so no (tokens, vocab) tensor is ever materialised.
-* The reference policy for the KL term is the base model itself: ``disable_adapter()``.
+* The reference policy for the KL term is the base model itself: every LoRA layer disabled.
+  Switching adapters walks only the LoRA layers, found once, and only when the active one changes
+  (peft's ``set_adapter`` / ``disable_adapter`` walk every module on every call: a third of a
+  small model's update).
+* ``allowed_token_ids`` (vLLM's sampling parameter, recorded in the action's SamplingParams): the
+  action was sampled among these tokens only, so every log-prob of it (behaviour, proximal, new,
+  reference) is the masked log-softmax over them; a ratio between differently-masked
+  distributions would be wrong.
 * On-policy sampling (``sample``) is KV-cached: one prefill of the left-padded prompts, then one
   token per step, O(L) per sequence rather than re-running the whole sequence for every token.
 * ``parallelism: fsdp2``: the base is built on the meta device and sharded (fsdp.py); every model
@@ -29,9 +36,10 @@
 from __future__ import annotations
 
 import itertools
+import math
 import re
 import warnings
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +65,33 @@ def adapter_name(agent: str) -> str:
     # peft adapter names become module keys (no dots) and must not occur inside "lora_": map, not refuse.
     name = re.sub(r"[^A-Za-z0-9_-]", "_", agent)
     return name if name not in "lora_" else f"agent_{name}"
+
+
+@dataclass
+class TokenMask:
+    """Per action token, the set it was sampled from (allowed_token_ids): row ``index[n]`` of
+    ``allowed`` (U, V) bool, or no mask where ``index[n]`` is -1."""
+
+    allowed: torch.Tensor  # (U, V) bool: one row per distinct allowed set
+    index: torch.Tensor  # (N,) long: the row of each action token, -1 = every token allowed
+
+    @classmethod
+    def build(cls, sets: list[tuple[int, ...] | None], lens: list[int], vocab: int, device) -> TokenMask | None:
+        """From each sample's allowed set (None: unmasked) and action length; None when no sample is masked."""
+        if all(a is None for a in sets):
+            return None
+        rows: dict[tuple[int, ...], int] = {}
+        per_sample = [-1 if a is None else rows.setdefault(a, len(rows)) for a in sets]
+        allowed = torch.zeros((max(len(rows), 1), vocab), dtype=torch.bool)
+        for a, r in rows.items():
+            allowed[r, list(a)] = True
+        index = torch.repeat_interleave(torch.tensor(per_sample, dtype=torch.long), torch.tensor(lens, dtype=torch.long))
+        return cls(allowed.to(device), index.to(device))
+
+    def rows(self, sl: slice | None = None) -> torch.Tensor:
+        """(n, V) bool for the tokens ``sl``: their allowed set, or all True."""
+        idx = self.index if sl is None else self.index[sl]
+        return torch.where((idx >= 0)[:, None], self.allowed[idx.clamp(min=0)], True)
 
 
 @dataclass
@@ -166,6 +201,11 @@ class MultiAgentPolicy:
         self.lm_head = inner.lm_head
         self.hidden_size = inner.config.hidden_size
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        self._lora_layers = [m for m in self.model.modules() if isinstance(m, BaseTunerLayer)]
+        self._active: str | None = self.adapters[0]  # what the LoRA layers run now (None: disabled)
+        self._named: dict[str, dict[str, torch.nn.Parameter]] = {}
 
     def _peft(self, base, agents: list[str]):
         """The peft model over the frozen ``base``: gradient checkpointing, one LoRA adapter per agent
@@ -213,12 +253,14 @@ class MultiAgentPolicy:
     # -- adapters ------------------------------------------------------------------------------------
 
     def adapter_named_params(self, adapter: str) -> dict[str, torch.nn.Parameter]:
-        out = {}
-        for n, p in self.model.named_parameters():
-            parts = n.split(".")
-            if any(a.startswith("lora_") and b == adapter for a, b in zip(parts, parts[1:])):
-                out[n] = p
-        return out
+        if adapter not in self._named:  # the parameters never change identity after __init__
+            out = {}
+            for n, p in self.model.named_parameters():
+                parts = n.split(".")
+                if any(a.startswith("lora_") and b == adapter for a, b in zip(parts, parts[1:])):
+                    out[n] = p
+            self._named[adapter] = out
+        return dict(self._named[adapter])
 
     def adapter_params(self, adapter: str) -> list[torch.nn.Parameter]:
         return list(self.adapter_named_params(adapter).values())
@@ -226,9 +268,25 @@ class MultiAgentPolicy:
     def activate(self, adapter: str | None):
         """Context: the named adapter active (only it trainable), or None for the base model."""
         if adapter is None:
-            return self.model.disable_adapter()
-        self.model.set_adapter(adapter)
+            return self._disabled()
+        if adapter != self._active:
+            # peft's set_adapter on the LoRA layers found once (no modules_to_save here, never merged)
+            for layer in self._lora_layers:
+                layer.set_adapter(adapter)
+            self.model.base_model.active_adapter = adapter
+            self._active = adapter
         return nullcontext()
+
+    @contextmanager
+    def _disabled(self):
+        # What peft's disable_adapter does for LoRA, on the LoRA layers only (found once).
+        for layer in self._lora_layers:
+            layer.enable_adapters(False)
+        try:
+            yield
+        finally:
+            for layer in self._lora_layers:
+                layer.enable_adapters(True)
 
     def grad_mode(self):
         """Context for a gradient pass: train mode (gradient checkpointing and LoRA dropout are active
@@ -263,22 +321,25 @@ class MultiAgentPolicy:
         return out.last_hidden_state
 
     def token_logprobs(self, adapter: str | None, packed: Packed, temperature: torch.Tensor,
-                       with_entropy: bool = False):
-        """Per action token: log pi(y_t | o, y_<t) under logits / T, the entropy of that distribution
-        (or None) and the hidden states (B, T, H). The LM head runs chunked (logprobs.py)."""
+                       with_entropy: bool = False, mask: TokenMask | None = None):
+        """Per action token: log pi(y_t | o, y_<t) under logits / T (masked to its allowed set), the
+        entropy of that distribution (or None) and the hidden states (B, T, H). The LM head runs
+        chunked (logprobs.py)."""
         with self.activate(adapter):
-            return self._call(self._token_logprobs, packed, temperature, with_entropy)
+            return self._call(self._token_logprobs, packed, temperature, with_entropy, mask)
 
-    def _token_logprobs(self, packed: Packed, temperature: torch.Tensor, with_entropy: bool):
+    def _token_logprobs(self, packed: Packed, temperature: torch.Tensor, with_entropy: bool, mask):
         h = self._hidden(packed)
         logp, ent = chunked_logprobs(h[packed.rows, packed.cols], self.lm_head, packed.targets, temperature,
-                                     self.chunk_tokens, with_entropy)
+                                     self.chunk_tokens, with_entropy, mask)
         return logp, ent, h
 
     @torch.no_grad()
     def sample(self, agent: str, prompt_ids: list[list[int]], max_new_tokens: int, temperature: float,
-               generator: torch.Generator | None = None, use_adapter: bool = True):
-        """Sample completions with the agent's adapter (pure temperature sampling, seeded generator).
+               generator: torch.Generator | None = None, use_adapter: bool = True,
+               allowed_token_ids: list[int] | None = None):
+        """Sample completions with the agent's adapter (pure temperature sampling, seeded generator;
+        only among ``allowed_token_ids`` when given, every other logit -inf, as vLLM applies it).
 
         Returns ``[(token_ids, logprobs)]`` per prompt; log-probs are log-softmax(logits / T), exactly
         what the trainer recomputes and what ``marft serve`` reports with top-k/top-p off. All prompts
@@ -302,12 +363,17 @@ class MultiAgentPolicy:
         toks: list[list[int]] = [[] for _ in range(n)]
         lps: list[list[float]] = [[] for _ in range(n)]
         alive = [True] * n
+        allowed = None
+        if allowed_token_ids is not None:
+            allowed = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
+            allowed[list(allowed_token_ids)] = True
         with self.activate(adapter), self.autocast():
             out = self._call(self.model, input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
                              logits_to_keep=1)
             for _ in range(max_new_tokens):
                 if any(alive):  # fsdp2: a rank whose rows have all ended keeps stepping (below), unsampled
-                    logp = torch.log_softmax(out.logits[:, -1].float() / temperature, dim=-1)  # (B, V)
+                    z = out.logits[:, -1].float() / temperature  # (B, V)
+                    logp = torch.log_softmax(z if allowed is None else z.masked_fill(~allowed, -math.inf), dim=-1)
                     nxt = torch.multinomial(logp.exp().cpu(), 1, generator=generator).squeeze(-1)  # (B,)
                     chosen = logp.gather(-1, nxt.to(self.device)[:, None]).squeeze(-1).tolist()
                     for j, tok in enumerate(nxt.tolist()):

@@ -42,8 +42,9 @@ class RolloutPolicy:
 
     def act_many(self, agent: str, batch: list, *, max_new_tokens: int = 32, temperature: float = 1.0,
                  generator: torch.Generator | None = None, depends_on: list[list[str]] | None = None,
-                 step: int = 0) -> list[Action]:
-        """One sampled Action per message list (prompts of equal length are sampled as one batch)."""
+                 step: int = 0, allowed_token_ids: list[int] | None = None) -> list[Action]:
+        """One sampled Action per message list (prompts of equal length are sampled as one batch);
+        ``allowed_token_ids``: sample only among these, recorded so the trainer masks alike."""
         msgs = [[m if isinstance(m, Message) else Message(**m) for m in ms] for ms in batch]
         prompts = []
         for ms in msgs:
@@ -51,7 +52,7 @@ class RolloutPolicy:
                                                      add_generation_prompt=True, tokenize=True)
             prompts.append(list(enc["input_ids"]))
         outs = self.trainer.policy.sample(agent, prompts, max_new_tokens, temperature, generator,
-                                          use_adapter=self.use_adapters)
+                                          use_adapter=self.use_adapters, allowed_token_ids=allowed_token_ids)
         eos = self.tokenizer.eos_token_id
         actions = []
         for k, (ms, prompt, (ids, lps)) in enumerate(zip(msgs, prompts, outs)):
@@ -61,7 +62,8 @@ class RolloutPolicy:
                 agent=agent, step=step, kind="llm",
                 observation=Observation(messages=ms, prompt_token_ids=prompt),
                 output=Output(text=text, token_ids=ids, logprobs=lps, finish_reason="stop" if stopped else "length"),
-                sampling=SamplingParams(temperature=temperature, max_tokens=max_new_tokens, logprobs_processed=True),
+                sampling=SamplingParams(temperature=temperature, max_tokens=max_new_tokens, logprobs_processed=True,
+                                        allowed_token_ids=allowed_token_ids),
                 policy=Policy(name=agent, version=self.version),
                 depends_on=(depends_on[k] if depends_on else []),
             ))
