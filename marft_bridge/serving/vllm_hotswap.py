@@ -138,6 +138,22 @@ def run_hotswap(
         t.join()
     report.swaps, report.responses = len(live) - 1, len(records)
 
+    _attribute(records, live, expected, report)
+
+    # 4. Bad adapters: refused, and the old version keeps serving.
+    before = complete(agent)
+    if before != expected[live[-1][0]]:
+        report.failures.append(f"after the swaps, {agent} does not serve v{live[-1][0]}")
+    _refusals(pub, agent, registry.path(agent, live[-1][0]), over_rank_adapter, lambda: complete(agent), before, report)
+    for v in versions:
+        pub.unload(f"{agent}-v{v}")
+    http.close()
+    return report
+
+
+def _attribute(records: list, live: list, expected: dict, report: HotSwapReport) -> None:
+    """Attribute each ``(sent, received, output)`` of the loaded phase to a version live while it was
+    in flight (``live``: ``(version, load call began, load call returned)``), else record a failure."""
     def was_live(i: int, sent: float, received: float) -> bool:
         # loaded before the response came back, not yet replaced when the request went out
         return received >= live[i][1] and (i + 1 == len(live) or sent <= live[i + 1][2])
@@ -171,13 +187,13 @@ def run_hotswap(
     if report.errors:
         report.failures.append(f"{len(report.errors)} request errors, first: {report.errors[0]}")
 
-    # 4. Bad adapters: refused, and the old version keeps serving.
-    before = complete(agent)
-    if before != expected[live[-1][0]]:
-        report.failures.append(f"after the swaps, {agent} does not serve v{live[-1][0]}")
+
+def _refusals(pub, agent: str, current: Path, over_rank_adapter, complete, before: str, report: HotSwapReport) -> None:
+    """A corrupt copy of ``current`` and the over-rank adapter must be refused with the old version
+    still serving (``complete()``: the agent's output now, ``before`` until the refusals)."""
     bad_dir = Path(tempfile.mkdtemp(prefix="marft-bad-adapters-"))
     corrupt = bad_dir / "corrupt"
-    shutil.copytree(registry.path(agent, live[-1][0]), corrupt)
+    shutil.copytree(current, corrupt)
     (corrupt / "adapter_model.safetensors").write_bytes(b"\0" * 64)
     bad = {"corrupt": corrupt, **({"over-rank": Path(over_rank_adapter)} if over_rank_adapter else {})}
     for kind, path in bad.items():
@@ -186,10 +202,6 @@ def run_hotswap(
             report.failures.append(f"vLLM accepted a {kind} adapter")
         except AdapterError as e:  # a refusal; any other error is a fault, and fails the run
             report.refused[kind] = str(e)
-        if complete(agent) != before:
+        if complete() != before:
             report.failures.append(f"output changed after the {kind} adapter was refused")
     shutil.rmtree(bad_dir, ignore_errors=True)
-    for v in versions:
-        pub.unload(f"{agent}-v{v}")
-    http.close()
-    return report

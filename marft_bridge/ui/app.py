@@ -52,24 +52,13 @@ def load_decoder(path: str | Path):
     return lambda ids: [tok.decode([i]) for i in ids]
 
 
-def create_app(store, *, registry: str | Path | None = None, runs: list[str | Path] = (),
-               service_state: str | Path | None = None, api_key: str | None = None,
-               tokenizer: str | Path | None = None):
-    from ..store import EpisodeNotFound
+def error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
 
-    index = EpisodeIndex(store)
-    run_dirs = Runs(list(runs))
-    registry_dir = Path(registry).expanduser().resolve() if registry else None
-    state_dir = Path(service_state).expanduser().resolve() if service_state else None
-    static = _static_files()
-    decode = load_decoder(tokenizer) if tokenizer else None
-    app = FastAPI(title="marft ui", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.index = index
 
-    def error(status: int, message: str) -> JSONResponse:
-        return JSONResponse({"error": message}, status_code=status)
-
-    @app.middleware("http")
+def _guard(api_key: str | None):
+    """The middleware every request passes: read-only, no '..', and loopback only without a key, else
+    the key (Bearer header, or the cookie ``/?key=KEY`` sets)."""
     async def guard(request: Request, call_next):
         if request.method not in ("GET", "HEAD"):
             return error(405, "marft ui is read-only")
@@ -91,6 +80,25 @@ def create_app(store, *, registry: str | Path | None = None, runs: list[str | Pa
         if not secrets.compare_digest(token.encode(), api_key.encode()):
             return error(401, "invalid or missing API key (Authorization: Bearer KEY, or open /?key=KEY)")
         return await call_next(request)
+
+    return guard
+
+
+def create_app(store, *, registry: str | Path | None = None, runs: list[str | Path] = (),
+               service_state: str | Path | None = None, api_key: str | None = None,
+               tokenizer: str | Path | None = None):
+    from ..store import EpisodeNotFound
+
+    index = EpisodeIndex(store)
+    run_dirs = Runs(list(runs))
+    registry_dir = Path(registry).expanduser().resolve() if registry else None
+    state_dir = Path(service_state).expanduser().resolve() if service_state else None
+    static = _static_files()
+    decode = load_decoder(tokenizer) if tokenizer else None
+    app = FastAPI(title="marft ui", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.index = index
+
+    app.middleware("http")(_guard(api_key))
 
     @app.exception_handler(MarftError)
     async def bad_request(_request, exc: MarftError):
