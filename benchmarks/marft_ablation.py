@@ -101,14 +101,22 @@ def parse_args(argv=None):
     return args
 
 
+_WARM = False
+
+
 def _worker(job):
     import torch
 
     torch.set_num_threads(1)
-    from marft_bridge.benchmarks.ablation import RunSettings, run_seed
+    from marft_bridge.benchmarks.ablation import RunSettings, run_seed, warm_imports
     from marft_bridge.benchmarks.relay import RelaySpec
 
     spec, base, arms, lrs, seed, settings, workdir = job
+    global _WARM
+    if not _WARM:  # once per process: the runs' "s / run" leaves the start-up out
+        print(f"worker {os.getpid()}: imports {warm_imports(base):.1f} s (once per process, not in s / run)",
+              file=sys.stderr, flush=True)
+        _WARM = True
     return run_seed(RelaySpec(**spec), base, arms, lrs, seed, RunSettings(**settings), workdir)
 
 

@@ -165,6 +165,23 @@ def run_arm(spec: RelaySpec, base: str | Path, arm: str, seed: int, lr: float | 
             "diagnostics": diags}
 
 
+def warm_imports(base: str | Path) -> float:
+    """Import what an arm-run loads lazily (transformers' tokenizer and model modules for ``base``,
+    peft, LangGraph, the capture's targets), so a process's first run is timed like its others: a
+    run's ``seconds`` is its own cost, not the process's start-up. Returns the seconds it took."""
+    started = time.perf_counter()
+    import openai._base_client  # noqa: F401 - the capture's targets
+    import peft  # noqa: F401
+    from langgraph.graph import StateGraph  # noqa: F401
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoTokenizer
+
+    from ..trainers.marft import MarftTrainer  # noqa: F401
+
+    AutoTokenizer.from_pretrained(str(base))
+    MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(str(base)))]  # imports the modeling module
+    return time.perf_counter() - started
+
+
 def run_seed(spec: RelaySpec, base: str | Path, arms: list[str], lrs: dict[str, float], seed: int,
              settings: RunSettings, workdir: str | Path) -> list[dict]:
     """Every arm on one seed (one SQLite store per seed under ``workdir``); the untrained arm's J is

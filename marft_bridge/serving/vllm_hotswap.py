@@ -68,7 +68,8 @@ def run_hotswap(
     prompt: list[dict] | None = None,
 ) -> HotSwapReport:
     """Run the scenario with the last ``SWAPS + 1`` versions of ``agent`` in ``registry``, ``clients``
-    threads sending ``requests`` greedy requests each. ``over_rank_adapter``: an adapter of a rank
+    threads sending greedy requests until every version has answered ``clients * requests / (SWAPS + 1)``
+    requests sent after its load call returned. ``over_rank_adapter``: an adapter of a rank
     above the server's ``--max-lora-rank``, which must be refused too. Leaves the last version loaded
     under ``agent`` and unloads the per-version names."""
     import httpx
@@ -108,32 +109,45 @@ def run_hotswap(
                 break
         report.swap_latencies_s.append(time.monotonic() - t0)
 
-    # 3. Swaps under load, each after a share of the requests finished (progress, not wall time).
-    records, lock, progress = [], threading.Lock(), threading.Semaphore(0)
+    # 3. Swaps under load. The clients send until told to stop; each version stays live until a share
+    # of the requests sent after its load call returned has come back (progress, not wall time), so
+    # every version serves traffic under load however fast the server is.
+    per_version = max(1, clients * requests // (SWAPS + 1))
+    records, stop, arrived = [], threading.Event(), threading.Condition()
 
     def client():
-        for _ in range(requests):
+        while not stop.is_set():
             sent = time.monotonic()
             try:
                 out = complete(agent)
-                with lock:
+                with arrived:
                     records.append((sent, time.monotonic(), out))
+                    arrived.notify_all()
             except Exception as e:  # noqa: BLE001 - every failure is counted and reported
                 report.errors.append(repr(e))
-            finally:
-                progress.release()
+                with arrived:
+                    arrived.notify_all()
+                if len(report.errors) > per_version:
+                    return
+
+    def wait_for_share(since: float, v: int) -> None:
+        with arrived:
+            if not arrived.wait_for(lambda: sum(s >= since for s, _, _ in records) >= per_version or
+                                    len(report.errors) > per_version, timeout=300):
+                report.failures.append(f"v{v}: fewer than {per_version} responses in 300 s after its load call")
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
         t.start()
-    live = [(versions[0], float("-inf"), float("-inf"))]  # (version, load call began, load call returned)
+    live = [(versions[0], float("-inf"), time.monotonic())]  # (version, load call began, load call returned)
+    wait_for_share(live[0][2], versions[0])
     for v in versions[1:]:
-        for _ in range(clients * requests // (SWAPS + 1)):
-            progress.acquire()
         began = time.monotonic()
         pub.load(agent, registry.path(agent, v))
         live.append((v, began, time.monotonic()))
         report.load_call_s.append(live[-1][2] - began)
+        wait_for_share(live[-1][2], v)
+    stop.set()
     for t in threads:
         t.join()
     report.swaps, report.responses = len(live) - 1, len(records)

@@ -28,8 +28,8 @@ def test_swaps_under_load_on_vllm(vllm_server, swap_registry, figures):
     report = run_hotswap(vllm_server.url, reg, "swapper", api_key=KEY, over_rank_adapter=over_rank, clients=4,
                          requests=40, max_tokens=8)
     assert report.failures == []
-    assert report.errors == [] and report.responses == 160 and report.swaps == SWAPS
-    assert len(report.served_versions) >= 4  # most versions served some of the traffic
+    assert report.errors == [] and report.responses >= 160 and report.swaps == SWAPS
+    assert report.served_versions == reg.versions("swapper")[-(SWAPS + 1):]  # every version served under load
     # vLLM answers both with a 500 from its worker's add_lora (see the README table).
     assert "HTTP 500" in report.refused["corrupt"] and "add_lora" in report.refused["corrupt"]
     assert "max_lora_rank" in report.refused["over-rank"]
