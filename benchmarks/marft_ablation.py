@@ -111,8 +111,8 @@ def _worker(job):
     from marft_bridge.benchmarks.ablation import RunSettings, run_seed, warm_imports
     from marft_bridge.benchmarks.relay import RelaySpec
 
-    spec, base, arms, lrs, seed, settings, workdir = job
     global _WARM
+    spec, base, arms, lrs, seed, settings, workdir = job
     if not _WARM:  # once per process: the runs' "s / run" leaves the start-up out
         print(f"worker {os.getpid()}: imports {warm_imports(base):.1f} s (once per process, not in s / run)",
               file=sys.stderr, flush=True)

@@ -46,8 +46,9 @@ def main() -> int:
                     help="std of the random LoRA B weights for --make-adapters (large enough to change outputs)")
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--clients", type=int, default=4, help="client threads")
-    ap.add_argument("--requests", type=int, default=100, help="per client thread: the run sends about clients x requests, each "
-                    "version answering its 1/6 share of them after its swap")
+    ap.add_argument("--requests", type=int, default=100,
+                    help="per client thread: the run sends about clients x requests, each version answering "
+                    "its 1/6 share of them after its swap")
     args = ap.parse_args()
 
     reg = AdapterRegistry(args.registry)

@@ -124,16 +124,19 @@ def run_hotswap(
                     records.append((sent, time.monotonic(), out))
                     arrived.notify_all()
             except Exception as e:  # noqa: BLE001 - every failure is counted and reported
-                report.errors.append(repr(e))
                 with arrived:
+                    report.errors.append(repr(e))
                     arrived.notify_all()
-                if len(report.errors) > per_version:
+                if failing():
                     return
+
+    def failing() -> bool:  # the server keeps failing: stop sending, stop waiting
+        return len(report.errors) > per_version
 
     def wait_for_share(since: float, v: int) -> None:
         with arrived:
-            if not arrived.wait_for(lambda: sum(s >= since for s, _, _ in records) >= per_version or
-                                    len(report.errors) > per_version, timeout=300):
+            if not arrived.wait_for(lambda: failing() or sum(s >= since for s, _, _ in records) >= per_version,
+                                    timeout=300):
                 report.failures.append(f"v{v}: fewer than {per_version} responses in 300 s after its load call")
 
     threads = [threading.Thread(target=client) for _ in range(clients)]

@@ -33,7 +33,7 @@ def test_swaps_under_load_on_vllm(vllm_server, swap_registry, figures):
     # vLLM answers both with a 500 from its worker's add_lora (see the README table).
     assert "HTTP 500" in report.refused["corrupt"] and "add_lora" in report.refused["corrupt"]
     assert "max_lora_rank" in report.refused["over-rank"]
-    figures["hot-swap under load (4 clients x 40 requests, 5 swaps)"] = report.summary()
+    figures["hot-swap under load (4 clients, 5 swaps, each version live for 26 requests sent after its load)"] = report.summary()
 
 
 def test_promote_keeps_the_current_version_when_vllm_refuses(vllm_server, swap_registry, tmp_path, vllm_http):
