@@ -26,6 +26,10 @@ accepted checkpoint; one killed while publishing adopts the versions it already 
 round id and checked by sha256), publishes the rest and finishes; one killed while replacing the
 accepted checkpoint completes the replacement (written beside, fsynced, renamed; the old copy is kept
 until the new one is whole). The restart logs a ``resume`` decision saying what it found and did.
+
+With ``trainer: {update_scheme: rerollout}`` a round trains, gates and publishes one agent, the next in
+the cycle's update order, on episodes every live version played (stale ones, served by a replaced
+version, are dropped and counted): fresh rollouts between agents' updates, so M = 1 on its samples.
 """
 
 from __future__ import annotations
@@ -120,6 +124,7 @@ class ServiceJournal(BaseModel):
     previous: dict[str, int | None] = Field(default_factory=dict)
     episodes: list[str] = Field(default_factory=list)
     summary: dict[str, Any] = Field(default_factory=dict)
+    stage: int | None = None  # update_scheme rerollout: the place in the order of the agent this round trains
 
 
 class ServiceState(BaseModel):
@@ -128,6 +133,8 @@ class ServiceState(BaseModel):
     pending: list[str] = Field(default_factory=list)  # rewarded episode ids not yet trained on
     heldout: list[str] = Field(default_factory=list)
     watch: dict[str, Any] | None = None  # {"versions": {agent: v}, "previous": {agent: v}}
+    order: list[str] = Field(default_factory=list)  # update_scheme rerollout: this cycle's update order
+    stage: int = 0  # ... and the place in it of the agent the next round trains
 
 
 def heldout(episode_id: str, fraction: float) -> bool:
@@ -300,17 +307,58 @@ class ContinuousService:
             if result.get("decision") == "wait":
                 time.sleep(self.config.poll_interval_s)
 
+    def _rerollout(self) -> bool:
+        return self.trainer.config.update_scheme == "rerollout" and len(self.config.agents) > 1
+
+    def _fresh(self, ids: list[str]) -> tuple[list[str], list[str]]:
+        """Split episode ids into those every agent's live version played and the stale rest (an action
+        served by another registry version). An action without a recorded version cannot be judged:
+        it counts as fresh."""
+        live = {a: self.registry.current(a) for a in self.config.agents}
+        fresh, stale = [], []
+        for eid in ids:
+            ep = self.store.get_episode(eid)
+            served = [(a.agent, a.policy.version) for a in ep.actions if a.agent in live and a.policy]
+            ok = all(v is None or v == live[agent] for agent, v in served)
+            (fresh if ok else stale).append(eid)
+        return fresh, stale
+
+    def _rerollout_stage(self, episodes: list) -> list[str]:
+        """The one agent this round trains: the next in the cycle's update order (drawn afresh, from
+        this round's episodes, when a cycle starts)."""
+        if self.state.stage == 0 or not self.state.order:
+            self.state.order, self.state.stage = self.trainer.update_order(episodes), 0
+        return [self.state.order[self.state.stage]]
+
+    def _next_stage(self, journal: dict) -> None:
+        if journal.get("stage") is not None:  # from the journal: a resumed round advances once
+            self.state.stage = (journal["stage"] + 1) % len(self.state.order)
+
     def _train_round(self) -> dict:
         cfg = self.config
-        self.state.round += 1
-        journal = {"id": uuid.uuid4().hex, "round": self.state.round, "phase": "training", "started": _now()}
-        self._write_journal(journal)  # a kill from here to the gate publishes nothing: the round reruns
-        ids = self.state.pending[-cfg.max_train_episodes:]
-        episodes = [self.store.get_episode(i) for i in ids]
         trainer = self.trainer
+        ids = self.state.pending[-cfg.max_train_episodes:]
+        agents, stage, extra = list(cfg.agents), None, {}
+        if self._rerollout():  # fresh rollouts between agents' updates: one agent per round
+            ids, stale = self._fresh(ids)
+            if stale:  # played by versions no longer live: not this round's behaviour policy
+                gone = set(stale)
+                self.state.pending = [i for i in self.state.pending if i not in gone]
+                self._save_state()
+                if len(ids) < cfg.min_new_episodes:
+                    return {"decision": "wait", "pending": len(self.state.pending), "stale": len(stale)}
+            agents = self._rerollout_stage([self.store.get_episode(i) for i in ids])
+            stage = self.state.stage
+            extra = {"rerollout": {"agent": agents[0], "stage": stage, "order": self.state.order,
+                                   "stale_dropped": len(stale)}}
+        self.state.round += 1
+        journal = {"id": uuid.uuid4().hex, "round": self.state.round, "phase": "training", "started": _now(),
+                   "agents": agents, "stage": stage}
+        self._write_journal(journal)  # a kill from here to the gate publishes nothing: the round reruns
+        episodes = [self.store.get_episode(i) for i in ids]
         metrics = {}
         for _ in range(cfg.updates_per_round):
-            metrics = trainer.train_on(episodes)
+            metrics = trainer.train_on(episodes, agents=agents if stage is not None else None)
         candidate = self.dir / "candidate"
         shutil.rmtree(candidate, ignore_errors=True)
         trainer.save_adapters(candidate / "adapters")
@@ -319,18 +367,19 @@ class ContinuousService:
         new_score = self.evaluate({a: candidate / "adapters" / a for a in cfg.agents}, candidate=True)
         live_score = self.evaluate({a: self.registry.path(a) for a in cfg.agents}, candidate=False)
         summary = {"candidate_score": new_score, "live_score": live_score, "episodes": len(ids),
-                   "reward_mean": metrics.get("reward_mean")}
+                   "reward_mean": metrics.get("reward_mean"), **extra}
         if new_score < live_score - cfg.gate_margin:
             self._restore_accepted()
             self.state.pending = []
+            self._next_stage(journal)  # a refused agent waits for the next cycle; the next agent goes on
             self._save_state()
             row = self.decide("refuse", f"candidate scored {new_score:.4f} < live {live_score:.4f} - margin "
                               f"{cfg.gate_margin}", round_id=journal["id"], **summary)
             self._end_journal()
             return row
-        journal.update(phase="publishing", agents=list(cfg.agents), episodes=ids, summary=summary,
-                       sha256=_weights_sha(candidate / "adapters", cfg.agents),
-                       previous={a: self.registry.current(a) for a in cfg.agents})
+        journal.update(phase="publishing", episodes=ids, summary=summary,
+                       sha256=_weights_sha(candidate / "adapters", agents),
+                       previous={a: self.registry.current(a) for a in agents})
         self._write_journal(journal)  # from here on a restart finishes this round instead of rerunning it
         return self._finish_round(journal)
 
@@ -340,12 +389,13 @@ class ContinuousService:
         cfg, summary = self.config, journal["summary"]
         candidate = self.dir / "candidate"
         versions = self.promote(candidate / "adapters", metrics={"eval_score": summary["candidate_score"]},
-                                round_id=journal["id"], sha256=journal["sha256"])
+                                agents=journal["agents"], round_id=journal["id"], sha256=journal["sha256"])
         if journal["phase"] != "checkpointing":
             journal["phase"] = "checkpointing"
             self._write_journal(journal)
         durable.replace_dir(candidate / "checkpoint", self.dir / "accepted")
         self.state.pending = []
+        self._next_stage(journal)
         self.state.watch = {"versions": versions, "previous": journal["previous"]}
         for eid in journal["episodes"]:  # the baseline: what the previous versions earned on the training episodes
             self._watch(self.store.get_episode(eid))

@@ -221,3 +221,65 @@ def test_recorded_heldout_episodes_gate_the_candidate(tmp_path, tiny_model_dir, 
         assert row["decision"] == "promote" and row["candidate_score"] > 0.5
     else:
         assert row["decision"] == "refuse" and row["candidate_score"] < 0.5
+
+
+def _pair_episode(first: str, reward: float, versions: dict[str, int | None]) -> Episode:
+    """``first`` answers the prompt; ``second`` reads its answer and repeats it."""
+    a = Action(agent="first", observation=Observation(messages=[Message(**m) for m in PROMPT]),
+               output=Output(text=first, finish_reason="stop"), policy=Policy(name="first", version=versions["first"]))
+    msgs = PROMPT + [{"role": "user", "content": f"repeat {first}"}]
+    b = Action(agent="second", step=1, observation=Observation(messages=[Message(**m) for m in msgs]),
+               output=Output(text=first, finish_reason="stop"), depends_on=[a.id],
+               policy=Policy(name="second", version=versions["second"]))
+    return Episode(source="test", actions=[a, b], rewards=[Reward(value=reward, source="checker")])
+
+
+def _fill_pairs(store, n: int, versions: dict[str, int | None]) -> None:
+    for i in range(n):
+        store.add_episode(_pair_episode("a" if i % 2 == 0 else "b", float(i % 2 == 0), versions))
+
+
+def _weights(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "adapter_model.safetensors"))
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_rerollout_service_trains_one_agent_per_round_on_episodes_its_predecessor_played(tmp_path, tiny_model_dir):
+    """``update_scheme: rerollout`` in the service: each round updates the next agent in the update order
+    alone, on episodes every live version played (the previous agent's new adapter included), and
+    publishes only that agent; episodes played by a replaced version are dropped, not trained on."""
+    cfg = _config(tmp_path, tiny_model_dir).model_copy(update={"agents": ["first", "second"]})
+    cfg.trainer["update_scheme"] = "rerollout"
+    store = TraceStore.open(cfg.store)
+    svc = ContinuousService(cfg, eval_fn=lambda adapters: float("candidate" in str(adapters["first"])))
+    _fill_pairs(store, 12, {"first": None, "second": None})  # before the service: no version recorded
+    row = svc.step()
+    assert row["decision"] == "promote", row
+    assert row["rerollout"] == {"agent": "first", "stage": 0, "order": ["first", "second"], "stale_dropped": 0}
+    assert row["versions"] == {"first": 2}
+    assert svc.registry.versions("first") == [1, 2] and svc.registry.versions("second") == [1]
+    reg = svc.registry
+    trained = tmp_path / "after1"
+    svc.trainer.save_adapters(trained)
+    assert _same(_weights(trained / "second"), _weights(reg.path("second", 1)))  # not updated
+    assert not _same(_weights(trained / "first"), _weights(reg.path("first", 1)))
+
+    # Traffic during the swap: 8 episodes still played by first v1 (stale), 8 by first v2: too few fresh.
+    _fill_pairs(store, 8, {"first": 1, "second": 1})
+    _fill_pairs(store, 8, {"first": 2, "second": 1})
+    assert svc.step() == {"decision": "wait", "pending": 8, "stale": 8}
+    _fill_pairs(store, 4, {"first": 2, "second": 1})
+    row = svc.step()
+    assert row["decision"] == "promote", row
+    assert row["rerollout"]["agent"] == "second" and row["rerollout"]["stage"] == 1 and row["episodes"] == 12
+    assert row["versions"] == {"second": 2}
+    assert reg.versions("first") == [1, 2] and reg.current("second") == 2
+    svc.trainer.save_adapters(tmp_path / "after2")
+    assert _same(_weights(tmp_path / "after2" / "first"), _weights(reg.path("first", 2)))  # not updated again
+    assert _same(_weights(tmp_path / "after2" / "second"), _weights(reg.path("second", 2)))
+    assert svc.state.stage == 0  # the next round starts a new cycle

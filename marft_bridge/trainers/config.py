@@ -30,8 +30,9 @@ class MarftConfig(BaseModel):
     agent_order: Literal["dependency", "random"] = "dependency"
     factor_scope: Literal["ancestors", "round", "step", "episode", "none"] = "ancestors"
     # ``stale``: every agent is updated from one iteration's episodes (the later agents' through M).
-    # ``rerollout`` (``train(env_fn)``): the iteration's episodes are split over the agents in update
-    # order; after agent k's update its new adapter serves the fresh episodes agent k+1 is updated on.
+    # ``rerollout`` (``train(env_fn)``; ``marft service``: one agent per round): the iteration's
+    # episodes are split over the agents in update order; after agent k's update its new adapter
+    # serves the fresh episodes agent k+1 is updated on.
     # Their behaviour policy already holds agents 1..k's updates, so M = 1 on them (no stale
     # correction is needed); same episodes per iteration, same optimiser steps per agent.
     update_scheme: Literal["stale", "rerollout"] = "stale"

@@ -171,9 +171,7 @@ class MarftTrainer:
             return [self.train_on(rollout(RolloutPolicy(self), n))]
         shares = [n // len(trained) + (k < n % len(trained)) for k in range(len(trained))]
         episodes = rollout(RolloutPolicy(self), shares[0])
-        batch = self._batch(list(episodes)[self.rank::self.world])
-        order = self._agent_order(batch, self._sources(batch, "ancestors"))
-        order += [a for a in trained if a not in order]  # agents absent from the first share still get theirs
+        order = self.update_order(episodes)
         out = []
         for k, agent in enumerate(order):
             if k:  # the previous agent's new adapter plays this agent's episodes
@@ -182,6 +180,13 @@ class MarftTrainer:
             m["rerollout"] = {"agent": agent, "episodes": len(episodes), "swap": k > 0}
             out.append(m)
         return out
+
+    def update_order(self, episodes) -> list[str]:
+        """The trained agents in the order a sequential update of these episodes visits them (by D, or
+        a draw of the seeded order generator for ``agent_order: random``); agents without samples last."""
+        batch = self._batch(list(episodes)[self.rank::self.world])
+        order = self._agent_order(batch, self._sources(batch, "ancestors"))
+        return order + [a for a in self.agents if a not in order and a not in self.config.frozen_agents]
 
     def fit(self, episodes, iterations: int, progress: bool = False) -> list[dict]:
         """Offline MARFT on stored traces: update ``iterations`` times on successive slices of
