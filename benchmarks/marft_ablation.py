@@ -91,6 +91,9 @@ def parse_args(argv=None):
                    help="MARFT-A's clip of M to [(1-eps)^n, (1+eps)^n] (default 0.2; null: unclipped)")
     p.add_argument("--from-runs", default=None, metavar="JSONL",
                    help="only analyse the seeds already in this runs.jsonl (of an interrupted run)")
+    p.add_argument("--compare-with", nargs="+", default=[], metavar="LABEL=JSONL",
+                   help="with --from-runs: the runs.jsonl of another invocation on the same seeds (e.g. another "
+                   "--factor-clip) joins as arms ARM@LABEL, each paired with this run's ARM (Holm over all pairs)")
     p.add_argument("--from-tuning", default=None, metavar="JSONL",
                    help="with --from-runs: the lr grid from this tuning_runs.jsonl (the rates complete on every arm)")
     p.add_argument("--quick", action="store_true",
@@ -98,6 +101,10 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.lr is not None and args.lr_grid:
         p.error("--lr and --lr-grid exclude each other")
+    if args.compare_with and not args.from_runs:
+        p.error("--compare-with needs --from-runs (it analyses finished runs)")
+    if any("=" not in c for c in args.compare_with):
+        p.error("--compare-with takes LABEL=JSONL")
     return args
 
 
@@ -218,6 +225,31 @@ def print_grid(g: dict) -> str:
     return text
 
 
+def arm_name(arm: str) -> str:
+    """An arm's table name; ``ARM@LABEL`` (``--compare-with``) is ARM's name with the label."""
+    from marft_bridge.benchmarks.ablation import ARMS
+
+    base, _, label = arm.partition("@")
+    return f"{ARMS[base]} ({label})" if label else ARMS[base]
+
+
+def compare_with(results: list[list[dict]], specs: list[str]) -> tuple[list[list[dict]], list[str]]:
+    """Add each LABEL=JSONL's runs to the seeds they share with ``results`` as arms ARM@LABEL (other
+    seeds are left out, so every comparison stays paired); the new arm names."""
+    runs_of = {rs[0]["seed"]: rs for rs in results}
+    added: list[str] = []
+    for spec in specs:
+        label, _, path = spec.partition("=")
+        other = {rs[0]["seed"]: rs for rs in (json.loads(x) for x in Path(path).read_text().splitlines() if x.strip())}
+        keep = sorted(set(runs_of) & set(other))
+        if not keep:
+            sys.exit(f"--compare-with {spec}: no seed in common with --from-runs")
+        runs_of = {s: runs_of[s] + [{**r, "arm": f"{r['arm']}@{label}"} for r in other[s] if r["arm"] != "untrained"]
+                   for s in keep}
+        added += sorted({f"{r['arm']}@{label}" for s in keep for r in other[s] if r["arm"] != "untrained"})
+    return [runs_of[s] for s in sorted(runs_of)], added
+
+
 def analyse(results: list[list[dict]], arms: list[str]) -> dict:
     from marft_bridge.benchmarks import stats
 
@@ -238,6 +270,7 @@ def analyse(results: list[list[dict]], arms: list[str]) -> dict:
                     "episodes": statistics.fmean(r["episodes"] for r in by_arm[a]),
                     "seconds": statistics.fmean(r["seconds"] for r in by_arm[a])}
     pairs = [(a, b) for a, b in PAIRS if a in arms and b in arms]
+    pairs += [(a, a.partition("@")[0]) for a in arms if "@" in a and a.partition("@")[0] in arms]
     comparisons = {m: stats.paired_comparisons({a: [x[m] for x in metrics[a]] for a in arms}, pairs)
                    for m in ("auc", "final")} if pairs else {}
     curves = {a: [r["j"] for r in rs] for a, rs in by_arm.items()}
@@ -253,15 +286,13 @@ def _ci(d: dict, pct: bool = False) -> str:
 
 
 def print_table(analysis: dict, arms: list[str], n: int, seconds: float, command: str, lrs=None) -> str:
-    from marft_bridge.benchmarks.ablation import ARMS
-
     lines = [f"codebook relay, {n} paired seeds; mean [95% interval]; {command}; {seconds:.0f} s wall", "",
              "| arm | lr | AUC (primary) | final J | reach rate (J >= 0.95) | collapse rate | optimiser steps "
              "| episodes | s / run |", "|---|---|---|---|---|---|---|---|---|"]
     for a in arms:
         t = analysis["table"][a]
         lr = "-" if lrs is None or a not in lrs else f"{lrs[a]:g}"
-        lines.append(f"| {ARMS[a]} | {lr} | {_ci(t['auc'])} | {_ci(t['final'])} | {_ci(t['reach'], True)} | "
+        lines.append(f"| {arm_name(a)} | {lr} | {_ci(t['auc'])} | {_ci(t['final'])} | {_ci(t['reach'], True)} | "
                      f"{_ci(t['collapse'], True)} | {t['optimizer_steps']:.0f} | {t['episodes']:.0f} | {t['seconds']:.1f} |")
     for metric, comps in analysis["comparisons"].items():
         lines += ["", f"| paired difference, {metric} | mean | Holm-step interval | 95% interval | p (Holm) | significant |",
@@ -281,7 +312,6 @@ def plot(analysis: dict, arms: list[str], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     from marft_bridge.benchmarks import stats
-    from marft_bridge.benchmarks.ablation import ARMS
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for a in arms:
@@ -289,7 +319,7 @@ def plot(analysis: dict, arms: list[str], path: Path, title: str) -> None:
         xs = list(range(len(curves[0])))
         cis = [stats.mean_interval([c[i] for c in curves]) for i in xs]
         means = [c["mean"] for c in cis]
-        line, = ax.plot(xs, means, marker="o", ms=3, label=ARMS[a])
+        line, = ax.plot(xs, means, marker="o", ms=3, label=arm_name(a))
         if len(curves) > 1 and a != "untrained":
             ax.fill_between(xs, [c["lo"] for c in cis], [c["hi"] for c in cis], alpha=0.2, color=line.get_color())
     ax.axhline(stats.REACH, ls=":", color="grey", lw=1)
@@ -353,6 +383,10 @@ def main(argv=None) -> dict:
         lrs = {a: args.lr for a in trained}
     if args.from_runs:
         results = [json.loads(line) for line in Path(args.from_runs).read_text().splitlines() if line.strip()]
+        if args.compare_with:
+            results, added = compare_with(results, args.compare_with)
+            args.arms = args.arms + added
+            lrs = {**lrs, **{r["arm"]: r["lr"] for r in results[0] if r["arm"] in added}}
         args.seeds = len(results)
         seeds = sorted(runs[0]["seed"] for runs in results)
     else:

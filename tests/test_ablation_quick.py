@@ -69,6 +69,13 @@ def test_quick_runs_reproduce_their_curves(tmp_path, models):
     first = main(args + ["--out", str(tmp_path / "a")])
     second = main(args + ["--out", str(tmp_path / "b")])
     assert [r["j"] for runs in first["runs"] for r in runs] == [r["j"] for runs in second["runs"] for r in runs]
+    # --compare-with: another invocation's runs on the same seeds join as ARM@LABEL, paired with ARM
+    joined = main(args + ["--out", str(tmp_path / "c"), "--from-runs", str(tmp_path / "a" / "runs.jsonl"),
+                          "--compare-with", f"again={tmp_path / 'b' / 'runs.jsonl'}"])
+    assert list(joined["table"]) == ["marft_a", "marft_a@again"]
+    c = joined["comparisons"]["auc"]["marft_a@again - marft_a"]
+    assert (c["mean"], c["n"]) == (0.0, 2)
+    assert joined["lrs"]["marft_a@again"] == first["lrs"]["marft_a"]
 
 
 def test_a_learning_rate_or_a_grid_is_required(tmp_path):
