@@ -274,7 +274,20 @@ def analyse(results: list[list[dict]], arms: list[str]) -> dict:
     comparisons = {m: stats.paired_comparisons({a: [x[m] for x in metrics[a]] for a in arms}, pairs)
                    for m in ("auc", "final")} if pairs else {}
     curves = {a: [r["j"] for r in rs] for a, rs in by_arm.items()}
-    return {"table": table, "comparisons": comparisons, "curves": curves}
+    diagnostics = {a: diagnostics_of(rs) for a, rs in by_arm.items() if a != "untrained" and rs}
+    return {"table": table, "comparisons": comparisons, "curves": curves, "diagnostics": diagnostics}
+
+
+def diagnostics_of(runs: list[dict]) -> dict:
+    """Over an arm's runs: the valid-symbol mass per hop after the last update (mean), the fraction of
+    agent updates ``target_kl`` stopped early, and the mean fraction of M factors the clip bound."""
+    hops = len(runs[0]["valid_mass"][-1])
+    updates = [u for r in runs for d in r["diagnostics"] for u in d]
+    agent_updates = sum(len(u["per_agent"]) for u in updates)
+    m_clip = [p["m_clipfrac"] for u in updates for p in u["per_agent"].values() if "m_clipfrac" in p]
+    return {"valid_mass": [statistics.fmean(r["valid_mass"][-1][h] for r in runs) for h in range(hops)],
+            "early_stopped": sum(len(u.get("early_stops", [])) for u in updates) / max(agent_updates, 1),
+            "m_clipfrac": statistics.fmean(m_clip) if m_clip else 0.0}
 
 
 def _ci(d: dict, pct: bool = False) -> str:
@@ -294,6 +307,11 @@ def print_table(analysis: dict, arms: list[str], n: int, seconds: float, command
         lr = "-" if lrs is None or a not in lrs else f"{lrs[a]:g}"
         lines.append(f"| {arm_name(a)} | {lr} | {_ci(t['auc'])} | {_ci(t['final'])} | {_ci(t['reach'], True)} | "
                      f"{_ci(t['collapse'], True)} | {t['optimizer_steps']:.0f} | {t['episodes']:.0f} | {t['seconds']:.1f} |")
+    lines += ["", "| arm | valid-symbol mass per hop, final | agent updates stopped by target_kl | M factors clipped |",
+              "|---|---|---|---|"]
+    for a, d in analysis["diagnostics"].items():
+        mass = " / ".join(f"{m:.3f}" for m in d["valid_mass"])
+        lines.append(f"| {arm_name(a)} | {mass} | {d['early_stopped']:.2f} | {d['m_clipfrac']:.2f} |")
     for metric, comps in analysis["comparisons"].items():
         lines += ["", f"| paired difference, {metric} | mean | Holm-step interval | 95% interval | p (Holm) | significant |",
                   "|---|---|---|---|---|---|"]
