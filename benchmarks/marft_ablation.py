@@ -233,9 +233,9 @@ def arm_name(arm: str) -> str:
     return f"{ARMS[base]} ({label})" if label else ARMS[base]
 
 
-def compare_with(results: list[list[dict]], specs: list[str]) -> tuple[list[list[dict]], list[str]]:
-    """Add each LABEL=JSONL's runs to the seeds they share with ``results`` as arms ARM@LABEL (other
-    seeds are left out, so every comparison stays paired); the new arm names."""
+def compare_with(results: list[list[dict]], specs: list[str], arms: list[str]) -> tuple[list[list[dict]], list[str]]:
+    """Add each LABEL=JSONL's runs of the trained ``arms`` to the seeds they share with ``results`` as
+    arms ARM@LABEL (other seeds are left out, so every comparison stays paired); the new arm names."""
     runs_of = {rs[0]["seed"]: rs for rs in results}
     added: list[str] = []
     for spec in specs:
@@ -244,9 +244,10 @@ def compare_with(results: list[list[dict]], specs: list[str]) -> tuple[list[list
         keep = sorted(set(runs_of) & set(other))
         if not keep:
             sys.exit(f"--compare-with {spec}: no seed in common with --from-runs")
-        runs_of = {s: runs_of[s] + [{**r, "arm": f"{r['arm']}@{label}"} for r in other[s] if r["arm"] != "untrained"]
+        mine = [a for a in arms if a != "untrained"]
+        runs_of = {s: runs_of[s] + [{**r, "arm": f"{r['arm']}@{label}"} for r in other[s] if r["arm"] in mine]
                    for s in keep}
-        added += sorted({f"{r['arm']}@{label}" for s in keep for r in other[s] if r["arm"] != "untrained"})
+        added += [f"{a}@{label}" for a in mine if any(r["arm"] == a for s in keep for r in other[s])]
     return [runs_of[s] for s in sorted(runs_of)], added
 
 
@@ -256,7 +257,8 @@ def analyse(results: list[list[dict]], arms: list[str]) -> dict:
     by_arm = {a: [] for a in arms}
     for runs in sorted(results, key=lambda rs: rs[0]["seed"]):
         for r in runs:
-            by_arm[r["arm"]].append(r)
+            if r["arm"] in by_arm:  # --from-runs with --arms: the arms asked for
+                by_arm[r["arm"]].append(r)
     metrics = {a: [stats.summary(r["j"]) for r in rs] for a, rs in by_arm.items()}
     table = {}
     for a in arms:
@@ -402,7 +404,7 @@ def main(argv=None) -> dict:
     if args.from_runs:
         results = [json.loads(line) for line in Path(args.from_runs).read_text().splitlines() if line.strip()]
         if args.compare_with:
-            results, added = compare_with(results, args.compare_with)
+            results, added = compare_with(results, args.compare_with, args.arms)
             args.arms = args.arms + added
             lrs = {**lrs, **{r["arm"]: r["lr"] for r in results[0] if r["arm"] in added}}
         args.seeds = len(results)
