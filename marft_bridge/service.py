@@ -331,7 +331,7 @@ class ContinuousService:
         return [self.state.order[self.state.stage]]
 
     def _next_stage(self, journal: dict) -> None:
-        if journal.get("stage") is not None:  # from the journal: a resumed round advances once
+        if journal.get("stage") is not None and self.state.order:  # from the journal: a resumed round advances once
             self.state.stage = (journal["stage"] + 1) % len(self.state.order)
 
     def _train_round(self) -> dict:
@@ -349,6 +349,7 @@ class ContinuousService:
                     return {"decision": "wait", "pending": len(self.state.pending), "stale": len(stale)}
             agents = self._rerollout_stage([self.store.get_episode(i) for i in ids])
             stage = self.state.stage
+            self._save_state()  # the cycle's order, before the journal that names its stage
             extra = {"rerollout": {"agent": agents[0], "stage": stage, "order": self.state.order,
                                    "stale_dropped": len(stale)}}
         self.state.round += 1

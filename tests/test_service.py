@@ -283,3 +283,34 @@ def test_rerollout_service_trains_one_agent_per_round_on_episodes_its_predecesso
     assert _same(_weights(tmp_path / "after2" / "first"), _weights(reg.path("first", 2)))  # not updated again
     assert _same(_weights(tmp_path / "after2" / "second"), _weights(reg.path("second", 2)))
     assert svc.state.stage == 0  # the next round starts a new cycle
+
+
+class _Killed(BaseException):
+    """Stands for a kill -9 at that point: nothing after it runs."""
+
+
+def test_rerollout_round_killed_while_publishing_resumes_once(tmp_path, tiny_model_dir, monkeypatch):
+    """A rerollout round killed while publishing: the restart finishes it (only its agent published)
+    and the cycle moves on to the next agent exactly once."""
+    cfg = _config(tmp_path, tiny_model_dir).model_copy(update={"agents": ["first", "second"]})
+    cfg.trainer["update_scheme"] = "rerollout"
+    prefers_candidate = lambda adapters: float("candidate" in str(adapters["first"]))  # noqa: E731
+    _fill_pairs(TraceStore.open(cfg.store), 12, {"first": None, "second": None})
+    real = ContinuousService.promote
+
+    def killed_in_the_round(self, adapters_dir, metrics, agents=None, **kw):
+        if metrics:  # the round's promotion (the baseline's has no metrics)
+            raise _Killed
+        return real(self, adapters_dir, metrics, agents, **kw)
+
+    monkeypatch.setattr(ContinuousService, "promote", killed_in_the_round)
+    with pytest.raises(_Killed):
+        ContinuousService(cfg, eval_fn=prefers_candidate).step()
+    monkeypatch.setattr(ContinuousService, "promote", real)
+    svc = ContinuousService(cfg, eval_fn=prefers_candidate)
+    row = svc.step()
+    assert row["decision"] == "promote" and row["versions"] == {"first": 2}, row
+    assert (svc.state.order, svc.state.stage) == (["first", "second"], 1)
+    assert svc.registry.versions("second") == [1]
+    decisions = [json.loads(x)["decision"] for x in (tmp_path / "svc" / "decisions.jsonl").read_text().splitlines()]
+    assert decisions == ["baseline", "resume", "promote"]
