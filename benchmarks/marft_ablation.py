@@ -225,6 +225,11 @@ def print_grid(g: dict) -> str:
     return text
 
 
+def read_runs(path: str | Path) -> list[list[dict]]:
+    """A runs.jsonl / tuning_runs.jsonl: one list of runs per (seed, lr) line."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
 def arm_name(arm: str) -> str:
     """An arm's table name; ``ARM@LABEL`` (``--compare-with``) is ARM's name with the label."""
     from marft_bridge.benchmarks.ablation import ARMS
@@ -240,7 +245,7 @@ def compare_with(results: list[list[dict]], specs: list[str], arms: list[str]) -
     added: list[str] = []
     for spec in specs:
         label, _, path = spec.partition("=")
-        other = {rs[0]["seed"]: rs for rs in (json.loads(x) for x in Path(path).read_text().splitlines() if x.strip())}
+        other = {rs[0]["seed"]: rs for rs in read_runs(path)}
         keep = sorted(set(runs_of) & set(other))
         if not keep:
             sys.exit(f"--compare-with {spec}: no seed in common with --from-runs")
@@ -391,8 +396,7 @@ def main(argv=None) -> dict:
         if set(seeds) & set(tuning):
             sys.exit(f"evaluation seeds {seeds[0]}..{seeds[-1]} overlap the tuning seeds {tuning[0]}..{tuning[-1]}")
         if args.from_tuning:
-            runs = [json.loads(line) for line in Path(args.from_tuning).read_text().splitlines() if line.strip()]
-            grid = grid_analysis(runs, trained)
+            grid = grid_analysis(read_runs(args.from_tuning), trained)
         else:
             (out / "tuning_runs.jsonl").unlink(missing_ok=True)
             grid = lr_grid(spec, base, args.arms, args.lr_grid, tuning, settings, workdir, args.workers,
@@ -402,7 +406,7 @@ def main(argv=None) -> dict:
     else:
         lrs = {a: args.lr for a in trained}
     if args.from_runs:
-        results = [json.loads(line) for line in Path(args.from_runs).read_text().splitlines() if line.strip()]
+        results = read_runs(args.from_runs)
         if args.compare_with:
             results, added = compare_with(results, args.compare_with, args.arms)
             args.arms = args.arms + added

@@ -310,17 +310,18 @@ class ContinuousService:
     def _rerollout(self) -> bool:
         return self.trainer.config.update_scheme == "rerollout" and len(self.config.agents) > 1
 
-    def _fresh(self, ids: list[str]) -> tuple[list[str], list[str]]:
-        """Split episode ids into those every agent's live version played and the stale rest (an action
+    def _fresh(self, episodes: list) -> tuple[list, list[str]]:
+        """The episodes every agent's live version played, and the ids of the stale rest (an action
         served by another registry version). An action without a recorded version cannot be judged:
         it counts as fresh."""
         live = {a: self.registry.current(a) for a in self.config.agents}
         fresh, stale = [], []
-        for eid in ids:
-            ep = self.store.get_episode(eid)
+        for ep in episodes:
             served = [(a.agent, a.policy.version) for a in ep.actions if a.agent in live and a.policy]
-            ok = all(v is None or v == live[agent] for agent, v in served)
-            (fresh if ok else stale).append(eid)
+            if all(v is None or v == live[agent] for agent, v in served):
+                fresh.append(ep)
+            else:
+                stale.append(ep.id)
         return fresh, stale
 
     def _rerollout_stage(self, episodes: list) -> list[str]:
@@ -338,16 +339,18 @@ class ContinuousService:
         cfg = self.config
         trainer = self.trainer
         ids = self.state.pending[-cfg.max_train_episodes:]
+        episodes = [self.store.get_episode(i) for i in ids]
         agents, stage, extra = list(cfg.agents), None, {}
         if self._rerollout():  # fresh rollouts between agents' updates: one agent per round
-            ids, stale = self._fresh(ids)
+            episodes, stale = self._fresh(episodes)
+            ids = [ep.id for ep in episodes]
             if stale:  # played by versions no longer live: not this round's behaviour policy
                 gone = set(stale)
                 self.state.pending = [i for i in self.state.pending if i not in gone]
                 self._save_state()
                 if len(ids) < cfg.min_new_episodes:
                     return {"decision": "wait", "pending": len(self.state.pending), "stale": len(stale)}
-            agents = self._rerollout_stage([self.store.get_episode(i) for i in ids])
+            agents = self._rerollout_stage(episodes)
             stage = self.state.stage
             self._save_state()  # the cycle's order, before the journal that names its stage
             extra = {"rerollout": {"agent": agents[0], "stage": stage, "order": self.state.order,
@@ -356,7 +359,6 @@ class ContinuousService:
         journal = {"id": uuid.uuid4().hex, "round": self.state.round, "phase": "training", "started": _now(),
                    "agents": agents, "stage": stage}
         self._write_journal(journal)  # a kill from here to the gate publishes nothing: the round reruns
-        episodes = [self.store.get_episode(i) for i in ids]
         metrics = {}
         for _ in range(cfg.updates_per_round):
             metrics = trainer.train_on(episodes, agents=agents if stage is not None else None)

@@ -249,14 +249,23 @@ def _same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def _rerollout_config(tmp_path, base) -> ServiceConfig:
+    cfg = _config(tmp_path, base).model_copy(update={"agents": ["first", "second"]})
+    cfg.trainer["update_scheme"] = "rerollout"
+    return cfg
+
+
+def _prefers_candidate(adapters) -> float:  # every candidate passes the gate
+    return float("candidate" in str(adapters["first"]))
+
+
 def test_rerollout_service_trains_one_agent_per_round_on_episodes_its_predecessor_played(tmp_path, tiny_model_dir):
     """``update_scheme: rerollout`` in the service: each round updates the next agent in the update order
     alone, on episodes every live version played (the previous agent's new adapter included), and
     publishes only that agent; episodes played by a replaced version are dropped, not trained on."""
-    cfg = _config(tmp_path, tiny_model_dir).model_copy(update={"agents": ["first", "second"]})
-    cfg.trainer["update_scheme"] = "rerollout"
+    cfg = _rerollout_config(tmp_path, tiny_model_dir)
     store = TraceStore.open(cfg.store)
-    svc = ContinuousService(cfg, eval_fn=lambda adapters: float("candidate" in str(adapters["first"])))
+    svc = ContinuousService(cfg, eval_fn=_prefers_candidate)
     _fill_pairs(store, 12, {"first": None, "second": None})  # before the service: no version recorded
     row = svc.step()
     assert row["decision"] == "promote", row
@@ -292,9 +301,7 @@ class _Killed(BaseException):
 def test_rerollout_round_killed_while_publishing_resumes_once(tmp_path, tiny_model_dir, monkeypatch):
     """A rerollout round killed while publishing: the restart finishes it (only its agent published)
     and the cycle moves on to the next agent exactly once."""
-    cfg = _config(tmp_path, tiny_model_dir).model_copy(update={"agents": ["first", "second"]})
-    cfg.trainer["update_scheme"] = "rerollout"
-    prefers_candidate = lambda adapters: float("candidate" in str(adapters["first"]))  # noqa: E731
+    cfg = _rerollout_config(tmp_path, tiny_model_dir)
     _fill_pairs(TraceStore.open(cfg.store), 12, {"first": None, "second": None})
     real = ContinuousService.promote
 
@@ -305,9 +312,9 @@ def test_rerollout_round_killed_while_publishing_resumes_once(tmp_path, tiny_mod
 
     monkeypatch.setattr(ContinuousService, "promote", killed_in_the_round)
     with pytest.raises(_Killed):
-        ContinuousService(cfg, eval_fn=prefers_candidate).step()
+        ContinuousService(cfg, eval_fn=_prefers_candidate).step()
     monkeypatch.setattr(ContinuousService, "promote", real)
-    svc = ContinuousService(cfg, eval_fn=prefers_candidate)
+    svc = ContinuousService(cfg, eval_fn=_prefers_candidate)
     row = svc.step()
     assert row["decision"] == "promote" and row["versions"] == {"first": 2}, row
     assert (svc.state.order, svc.state.stage) == (["first", "second"], 1)
