@@ -280,27 +280,28 @@ class MarftTrainer:
 
             # 3a. PPO epochs on this agent's samples: clipped surrogate on M * A (+ KL, - entropy).
             gen = self.gens[f"agent/{agent}" if agent is not None else "group/all"]
-            for epoch in range(c.ppo_epochs):
-                kls = []
-                for mb in self._minibatches(idx, gen):
-                    loss = None
-                    units, tokens = self._global_counts(rb, mb)
-                    if mb:
-                        loss, stats = self._policy_backward(adapter, rb, mb, units, tokens)
-                        for k, v in stats.items():
-                            acc[k].append(v)
-                        kls.append(stats["approx_kl"])
-                        diag["clipfrac"].append(stats["clipfrac"])
-                    elif self.policy.sharded:
-                        self.passes.idle(adapter)
-                    diag["optimizer_steps"] += self._step(params, self.optims[adapter], loss, m, f"policy {name}",
-                                                          f"policy.{adapter}")
-                diag["epochs"] = epoch + 1
-                if c.target_kl is not None and (kl := self._mean_all(kls)) > c.target_kl:
-                    log.warning("agent %s: approx-KL %.4g > target_kl %s after epoch %d; stopping its epochs",
-                                name, kl, c.target_kl, epoch + 1)
-                    m["early_stops"].append({"agent": name, "epoch": epoch + 1, "approx_kl": kl})
-                    break
+            with self.policy.grad_mode():  # train mode once for all its minibatches (each walks every module)
+                for epoch in range(c.ppo_epochs):
+                    kls = []
+                    for mb in self._minibatches(idx, gen):
+                        loss = None
+                        units, tokens = self._global_counts(rb, mb)
+                        if mb:
+                            loss, stats = self._policy_backward(adapter, rb, mb, units, tokens)
+                            for k, v in stats.items():
+                                acc[k].append(v)
+                            kls.append(stats["approx_kl"])
+                            diag["clipfrac"].append(stats["clipfrac"])
+                        elif self.policy.sharded:
+                            self.passes.idle(adapter)
+                        diag["optimizer_steps"] += self._step(params, self.optims[adapter], loss, m, f"policy {name}",
+                                                              f"policy.{adapter}")
+                    diag["epochs"] = epoch + 1
+                    if c.target_kl is not None and (kl := self._mean_all(kls)) > c.target_kl:
+                        log.warning("agent %s: approx-KL %.4g > target_kl %s after epoch %d; stopping its epochs",
+                                    name, kl, c.target_kl, epoch + 1)
+                        m["early_stops"].append({"agent": name, "epoch": epoch + 1, "approx_kl": kl})
+                        break
 
             # 3b. After its update (no gradient): its whole-action log-ratios new - proximal fold into
             # the M of the samples they are sources of; new - behaviour is its KL step (diagnostics).

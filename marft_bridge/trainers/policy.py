@@ -132,10 +132,12 @@ class _TrainMode:
 
     def __enter__(self):
         self.was_training = self.model.training
-        self.model.train()
+        if not self.was_training:  # a nested block (a minibatch inside an agent's epochs) walks no modules
+            self.model.train()
 
     def __exit__(self, *exc):
-        self.model.train(self.was_training)
+        if not self.was_training:
+            self.model.train(False)
 
 
 def _with_sdpa(build, *args, **kwargs):

@@ -22,6 +22,9 @@ import torch
 from ..schema import Action, Episode, Message, Observation, Output, Policy, SamplingParams
 
 
+PROMPT_CACHE = 4096  # distinct rendered prompts a RolloutPolicy keeps
+
+
 class RolloutPolicy:
     """The trainer's current adapters (or the untrained base, ``use_adapters=False``) as a sampler."""
 
@@ -29,6 +32,7 @@ class RolloutPolicy:
         self.trainer = trainer
         self.use_adapters = use_adapters
         self.tokenizer = trainer.policy.tokenizer
+        self._prompts: dict[tuple, list[int]] = {}  # rendered chat templates of this rollout's prompts
 
     @property
     def version(self) -> int:
@@ -46,11 +50,7 @@ class RolloutPolicy:
         """One sampled Action per message list (prompts of equal length are sampled as one batch);
         ``allowed_token_ids``: sample only among these, recorded so the trainer masks alike."""
         msgs = [[m if isinstance(m, Message) else Message(**m) for m in ms] for ms in batch]
-        prompts = []
-        for ms in msgs:
-            enc = self.tokenizer.apply_chat_template([{"role": m.role, "content": m.content or ""} for m in ms],
-                                                     add_generation_prompt=True, tokenize=True)
-            prompts.append(list(enc["input_ids"]))
+        prompts = [self._prompt_ids(ms) for ms in msgs]
         outs = self.trainer.policy.sample(agent, prompts, max_new_tokens, temperature, generator,
                                           use_adapter=self.use_adapters, allowed_token_ids=allowed_token_ids)
         eos = self.tokenizer.eos_token_id
@@ -68,6 +68,20 @@ class RolloutPolicy:
                 depends_on=(depends_on[k] if depends_on else []),
             ))
         return actions
+
+    def _prompt_ids(self, messages: list[Message]) -> list[int]:
+        # Episodes of one rollout repeat their prompts (a task's inputs, every agent's instructions):
+        # each distinct one is rendered once (the trainer makes a policy per rollout; a kept one
+        # starts over past PROMPT_CACHE prompts).
+        key = tuple((m.role, m.content or "") for m in messages)
+        ids = self._prompts.get(key)
+        if ids is None:
+            if len(self._prompts) >= PROMPT_CACHE:
+                self._prompts.clear()
+            enc = self.tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in key],
+                                                     add_generation_prompt=True, tokenize=True)
+            ids = self._prompts[key] = list(enc["input_ids"])
+        return list(ids)
 
     def save_adapters(self, directory: str | Path) -> Path:
         return self.trainer.save_adapters(directory)

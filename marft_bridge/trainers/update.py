@@ -51,7 +51,12 @@ class RolloutBatch:
     def action_log_ratios(self, idx: list[int], new_tok: list[torch.Tensor], b_old: torch.Tensor) -> torch.Tensor:
         """(k,) float64: per sample of ``idx``, sum over its tokens of new - old (``new_tok``: its (L_k,)
         log-probs; ``b_old``: a flat (N,) log-prob tensor), summed in fp32 as the ratio the fold uses."""
-        return torch.stack([(t - b_old[self.tokens([i])]).sum() for i, t in zip(idx, new_tok)]).double().cpu()
+        if not idx:
+            return torch.zeros(0, dtype=torch.float64)
+        diff = torch.cat(new_tok) - b_old[self.tokens(idx)]  # (n,) token by token, sample by sample
+        seg = torch.repeat_interleave(torch.arange(len(idx)), self.lens[idx]).to(diff.device)  # (n,) its sample
+        # index_add_ sums each sample's tokens in order, one segment for all samples
+        return diff.new_zeros(len(idx)).index_add_(0, seg, diff).double().cpu()
 
     def n_units(self, idx: list[int]) -> int:
         return int(self.lens[idx].sum()) if self.token_level else len(idx)
