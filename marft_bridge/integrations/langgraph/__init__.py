@@ -26,8 +26,13 @@ What becomes what:
   current value came from (reducer channels accumulate, plain channels are replaced, cleared
   channels are dropped). A task depends on the provenance of the channels its node reads and
   of its triggers; a ``Send`` task on the task that sent it; a subgraph's first step on the
-  parent task's inputs, and the parent's writes carry the subgraph's output provenance. Model
-  calls later in the same node also depend on the node's earlier calls. Env nodes pass
+  parent task's inputs, and the parent's writes carry what the subgraph handed back: a value it
+  writes that a subgraph channel holds (the very object) that channel's provenance, anything else
+  (a value the node computed, the node's trigger) the subgraph's whole output provenance. Model
+  calls later in the same node also depend on the node's earlier calls that ended before they
+  started — not on one that raised (it handed nothing on), and not on a failed attempt's when
+  LangGraph runs the node again (``RetryPolicy``; ``execution_info.node_attempt``, LangGraph >=
+  1.1.3). Env nodes pass
   provenance along through their own action. Functional-API ``@task`` calls (``accept_push``)
   are agents named after the task, at the caller's step. A task's output reaches its caller
   through its future, which the capture hands over noting reads (``.result()``, ``await``): a

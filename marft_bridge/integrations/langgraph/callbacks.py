@@ -63,7 +63,9 @@ def _start(state: Any, serialized: dict | None, messages: list, run_id: UUID, me
     model = str(params.get("model") or params.get("model_name") or (meta or {}).get("ls_model_name")
                 or (serialized or {}).get("name") or params.get("_type") or "unknown")
     run = task.run
+    attempt = node_attempt()
     with run.lock:
+        run.new_attempt(task, attempt)
         deps = run.deps_of(task)
         task.calls += 1
     # The raw openai response pairs with this call unless another call of this context is still
@@ -78,6 +80,17 @@ def _start(state: Any, serialized: dict | None, messages: list, run_id: UUID, me
         token = oa.RAW_SINK.set(sink)
     converted = [m if isinstance(m, dict) else convert.message(m) for m in messages]
     state.calls[run_id] = _Call(task, deps, converted, params, model, sink, token)
+
+
+def node_attempt() -> int:
+    """Which attempt of its LangGraph node the running call is in (1-based; LangGraph's public
+    ``get_runtime().execution_info``), 1 where LangGraph does not say (outside a node, older releases)."""
+    try:
+        from langgraph.runtime import get_runtime
+
+        return int(getattr(get_runtime().execution_info, "node_attempt", None) or 1)
+    except Exception:  # noqa: BLE001 - no runtime here: a first attempt
+        return 1
 
 
 def _end(state: Any, run_id: UUID, response: Any = None, error: BaseException | None = None) -> None:
@@ -206,6 +219,9 @@ class MarftCallbackHandler(BaseCallbackHandler):
         try:
             task = find_task(state, metadata or {})
             if task is not None:
+                attempt = node_attempt()
+                with task.run.lock:
+                    task.run.new_attempt(task, attempt)
                 name = kw.get("name") or (serialized or {}).get("name") or "tool"
                 tools.start(task, run_id, str(name), inputs if inputs is not None else input_str, kw.get("tool_call_id"))
         except Exception as e:  # noqa: BLE001

@@ -241,9 +241,25 @@ def _apply_writes(st: _LoopState) -> None:
                 chans.append(ch)
         if t.internal and st.key_prov is not None:
             step.extend(pv.subgraph_writes(st.key_prov, chans))
+        elif t.children and not t.pushed:  # it ran subgraphs: each value it hands on, from where it was
+            step.extend((_returned_provenance(t.children, val, out), [ch]) for ch, val in task.writes if ch != _TASKS)
         else:
             step.append((out, chans))
     pv.apply_writes(st.prov, step, st.accumulates)
+
+
+def _returned_provenance(children: list[_LoopState], value: Any, fallback: frozenset[str]) -> frozenset[str]:
+    """Where a value a task writes came from when the task ran subgraphs (one added as a node, or
+    invoked by hand): the provenance of the subgraph channels holding that very object, else
+    ``fallback`` (all the subgraphs handed back: a value the node computed from them, or a handoff)."""
+    if any(c.bubbled for c in children):
+        return fallback
+    hits = []
+    for c in children:
+        values = {k: ch.get() for k, ch in c.loop.channels.items() if ch.is_available()}
+        if (p := pv.value_provenance(value, values, c.prov, None)) is not None:
+            hits.append(p)
+    return pv.EMPTY.union(*hits) if hits else fallback
 
 
 def _drop_cleared(st: _LoopState) -> None:

@@ -31,7 +31,7 @@ class Task:
     """One task of a captured run: agent, step, inputs' provenance and the actions it recorded."""
 
     __slots__ = ("id", "run", "agent", "node", "step", "lg_steps", "ns", "deps", "actions", "children", "internal",
-                 "calls", "started", "pushed", "pusher", "received", "reads")
+                 "calls", "started", "pushed", "pusher", "received", "reads", "attempt")
 
     def __init__(self, id: str, run: Any, agent: str, node: str, step: int | None, lg_steps: list[int], ns: str,
                  deps: frozenset[str], internal: bool = False):
@@ -54,6 +54,7 @@ class Task:
         # What its input was made of, for a subgraph it runs (``key_provenance``): (the loop state
         # that scheduled it, its input, the channels it read or None for a ``Send``).
         self.reads: tuple[Any, Any, Any] | None = None
+        self.attempt = 1  # LangGraph's node attempt its actions are of (a RetryPolicy runs a node again)
 
 
 def seen(t: Task) -> frozenset[str]:
@@ -124,8 +125,9 @@ _SCALARS = (type(None), bool, int, float)
 
 def value_provenance(value: Any, channel_values: Mapping[str, Any], prov: Mapping[str, frozenset[str]],
                      fallback: frozenset[str]) -> frozenset[str]:
-    """Where a value a ``Send`` carries came from: the channels holding it as their value or as one
-    of its items (by identity), else ``fallback`` (the sender: it computed the value)."""
+    """Where a value came from (a ``Send``'s argument, a value a subgraph hands back): the channels
+    holding it as their value or as one of its items (by identity), else ``fallback`` (the task that
+    computed it)."""
     if isinstance(value, _SCALARS):
         return fallback
     hits = [c for c, v in channel_values.items()

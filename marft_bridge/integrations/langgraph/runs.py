@@ -106,8 +106,21 @@ class _Run:
         )
         with self.lock:
             self.order[aid] = len(self.order)
-            task.actions.append(aid)
+            # A model call that raised handed nothing on: what runs after it in the task (a fallback
+            # model, a retry, the node's next write) did not read it. A failed tool step stays a source:
+            # its error text is what the tool node hands the model.
+            if not (kind == "llm" and fields.get("error")):
+                task.actions.append(aid)
         return aid
+
+    def new_attempt(self, task: Task, attempt: int) -> None:
+        """A node LangGraph runs again (a RetryPolicy; ``attempt`` 1-based) starts from its inputs:
+        what the failed attempts recorded stays in the episode but is neither what the new attempt
+        read nor what the task hands on (under the run's lock)."""
+        if attempt > task.attempt:
+            task.attempt = attempt
+            task.actions = []
+            task.calls = 0
 
     def deps_of(self, task: Task) -> frozenset[str]:
         """What the task's next action depends on (under the run's lock)."""
