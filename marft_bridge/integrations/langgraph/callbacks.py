@@ -64,9 +64,10 @@ def _start(state: Any, serialized: dict | None, messages: list, run_id: UUID, me
                 or (serialized or {}).get("name") or params.get("_type") or "unknown")
     run = task.run
     attempt = node_attempt()
+    tool = tools.current_tool_run(state)  # a model call inside a tool reads what the tool read
     with run.lock:
         run.new_attempt(task, attempt)
-        deps = run.deps_of(task)
+        deps = tool.deps if tool is not None and tool.task is task else run.deps_of(task)
         task.calls += 1
     # The raw openai response pairs with this call unless another call of this context is still
     # open (LangChain's generate() starts every prompt of a batch before the first ends): then
@@ -121,6 +122,8 @@ def _end(state: Any, run_id: UUID, response: Any = None, error: BaseException | 
         run = call.task.run
         aid = run.record(call.task, "llm", fields, call.deps, call.started)
         tools.note_calls(run, aid, call.task.agent, (fields.get("output") or {}).get("tool_calls"))
+        if error is None and (tr := tools.current_tool_run(state)) is not None and tr.task is call.task:
+            tr.made_inside(aid)
     except Exception as e:  # noqa: BLE001
         capture_error("langgraph.llm_end", e, call.task.run.recorder)
 

@@ -243,6 +243,8 @@ def _apply_writes(st: _LoopState) -> None:
             step.extend(pv.subgraph_writes(st.key_prov, chans))
         elif t.children and not t.pushed:  # it ran subgraphs: each value it hands on, from where it was
             step.extend((_returned_provenance(t.children, val, out), [ch]) for ch, val in task.writes if ch != _TASKS)
+        elif t.handed:  # a tool node: each value it writes carries the tool step that returned it
+            step.extend((pv.written(t, val, out), [ch]) for ch, val in task.writes if ch != _TASKS)
         else:
             step.append((out, chans))
     pv.apply_writes(st.prov, step, st.accumulates)

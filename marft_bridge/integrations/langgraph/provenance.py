@@ -31,7 +31,7 @@ class Task:
     """One task of a captured run: agent, step, inputs' provenance and the actions it recorded."""
 
     __slots__ = ("id", "run", "agent", "node", "step", "lg_steps", "ns", "deps", "actions", "children", "internal",
-                 "calls", "started", "pushed", "pusher", "received", "reads", "attempt")
+                 "calls", "started", "pushed", "pusher", "received", "reads", "attempt", "handed")
 
     def __init__(self, id: str, run: Any, agent: str, node: str, step: int | None, lg_steps: list[int], ns: str,
                  deps: frozenset[str], internal: bool = False):
@@ -55,6 +55,9 @@ class Task:
         # that scheduled it, its input, the channels it read or None for a ``Send``).
         self.reads: tuple[Any, Any, Any] | None = None
         self.attempt = 1  # LangGraph's node attempt its actions are of (a RetryPolicy runs a node again)
+        # What its tool steps returned (a ToolMessage, a Command's update values): id -> (value, the
+        # actions that made it), so each value it writes carries those (``written``). None: no tool step.
+        self.handed: dict[int, tuple[Any, frozenset[str]]] | None = None
 
 
 def seen(t: Task) -> frozenset[str]:
@@ -133,6 +136,30 @@ def value_provenance(value: Any, channel_values: Mapping[str, Any], prov: Mappin
     hits = [c for c, v in channel_values.items()
             if v is value or (isinstance(v, (list, tuple)) and any(x is value for x in v))]
     return EMPTY.union(*(prov.get(c, EMPTY) for c in hits)) if hits else fallback
+
+
+def hand_on(t: Task, values: Iterable[Any], made_by: frozenset[str]) -> None:
+    """Note that these values (by identity), returned by a tool step of task ``t``, carry ``made_by``
+    (the step and the model calls made inside it)."""
+    handed = t.handed if t.handed is not None else {}
+    for v in values:
+        if not isinstance(v, _SCALARS):  # small ints and the like are shared objects: no identity
+            handed[id(v)] = (v, made_by)
+    t.handed = handed
+
+
+def written(t: Task, value: Any, fallback: frozenset[str]) -> frozenset[str]:
+    """What a value task ``t`` writes carries: what made it (or, for a list, what made its items: a
+    tool node's messages), else ``fallback`` (all the task's output)."""
+    handed = t.handed or {}
+    items = value if isinstance(value, (list, tuple)) and value else (value,)
+    out = EMPTY
+    for x in items:
+        hit = handed.get(id(x))
+        if hit is None or hit[0] is not x:
+            return fallback
+        out = out | hit[1]
+    return out
 
 
 def subgraph_writes(key_prov: Mapping[str, frozenset[str]], channels: Iterable[str]) -> list[tuple[frozenset[str], list[str]]]:

@@ -11,7 +11,10 @@ The step is an action of the agent whose model call asked for it (matched by ``t
 else by name and arguments, among the calls of every run of the episode: a tool interrupted by
 ``interrupt()`` runs again in the resuming run), depends on that model call only (its arguments
 are what it reads, whatever state the tool node was handed), and is one of the running task's
-actions, so the task's writes (the ToolMessage) carry it to the agent's next model call. A tool
+actions, so the task's writes (the ToolMessage) carry it to the agent's next model call: each value
+the task writes carries the step that returned it (``provenance.hand_on`` / ``written``: its
+ToolMessage, a ``Command``'s update values), the task's other writes (its trigger) all its steps. A
+model call inside a tool's body depends on what the tool read, and the step on it. A tool
 called by hand in a node is the node agent's and depends on what the node had seen. A tool
 interrupted by ``interrupt()`` (a ``GraphBubbleUp``) is recorded when it runs again on resume.
 """
@@ -29,7 +32,7 @@ from ...messages import canonical_arguments
 from ...capture_errors import capture_error, guarded
 from ...schema import utcnow
 from . import convert
-from .provenance import Task
+from .provenance import Task, hand_on
 
 _PARENT = "__parent__"  # langgraph.types.Command.PARENT
 
@@ -37,7 +40,8 @@ _PARENT = "__parent__"  # langgraph.types.Command.PARENT
 class _ToolRun:
     """A tool execution in flight; as ``episode_context.ToolStep``, what an MCP call made inside it enriches."""
 
-    __slots__ = ("task", "name", "args", "call_id", "owner", "deps", "started", "t0", "_id", "extra", "waiting")
+    __slots__ = ("task", "name", "args", "call_id", "owner", "deps", "started", "t0", "_id", "extra", "waiting",
+                 "inner")
 
     def __init__(self, task: Task, name: str, args: Any, call_id: str | None, owner: tuple | None,
                  deps: frozenset[str]):
@@ -47,6 +51,7 @@ class _ToolRun:
         # Set by a protocol call made inside it (``enrich``): its details, and who waits for the record.
         self.extra: dict[str, Any] | None = None
         self.waiting: list[Callable[[bool], None]] | None = None
+        self.inner: frozenset[str] = frozenset()  # model calls made inside it: its result came from them
 
     @property
     def action_id(self) -> str:
@@ -72,6 +77,12 @@ class _ToolRun:
             self.extra = {**(self.extra or {}), **metadata}
             self.deps = self.deps | frozenset(depends_on)
             self.waiting = [*(self.waiting or ()), on_recorded]
+
+    def made_inside(self, action_id: str) -> None:
+        """A model call inside the tool's body: the step depends on it, and what it returns carries it."""
+        with self.task.run.lock:
+            self.inner = self.inner | {action_id}
+            self.deps = self.deps | {action_id}
 
     def settle(self, recorded: bool) -> None:
         waiting, self.waiting = self.waiting or [], None
@@ -151,6 +162,16 @@ def _result(output: Any, call_id: str | None) -> tuple[str, dict[str, Any]]:
     return convert.result_text(convert.jsonable(output)), extra
 
 
+def _returned(output: Any) -> list[Any]:
+    """The objects a tool step hands its node to write: a Command's update values (and the messages
+    in them), else the output itself (the ToolMessage the tool node writes)."""
+    update = getattr(output, "update", None)
+    if hasattr(output, "graph") and isinstance(update, dict):  # a langgraph Command
+        vals = list(update.values())
+        return vals + [m for v in vals if isinstance(v, list) for m in v]
+    return [output]
+
+
 def current_tool_run(state: Any) -> _ToolRun | None:
     """The tool run whose body is executing in this context: LangChain runs a tool with a child
     config whose callback manager names the tool's run as parent."""
@@ -188,8 +209,11 @@ def end(state: Any, run_id: UUID, output: Any = None, error: BaseException | Non
         if tr._id is not None:
             fields["action_id"] = tr._id
         agent = tr.owner[1] if tr.owner is not None else None
-        run.record(tr.task, "tool", fields, tr.deps, tr.started, agent=agent)
+        aid = run.record(tr.task, "tool", fields, tr.deps, tr.started, agent=agent)
         recorded = True
+        if error is None:
+            with run.lock:
+                hand_on(tr.task, _returned(output), tr.inner | {aid})
         if tr.owner is not None:
             with run.lock:
                 run.calls.answered_calls.add((tr.owner[0], tr.owner[2]))
