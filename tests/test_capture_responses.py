@@ -136,3 +136,20 @@ def test_responses_token_ids_and_logprobs_when_the_server_names_tokens(srv, sqli
     exact, plain = sqlite_store.get_episode(ep.id).actions
     assert (exact.output.token_ids, exact.output.logprobs, exact.token_source) == ([40, 41, 42], LOGPROBS, "server")
     assert (plain.output.token_ids, plain.token_source) == (None, "retokenize")
+
+
+def test_a_call_continuing_a_stored_response_depends_on_it_and_what_it_read(srv, sqlite_store):
+    c = client(srv.url)
+    with mb.episode(store=sqlite_store) as ep:
+        # the fake server names a response by its input's length: three different lengths, three ids
+        r1 = c.responses.create(model="writer-model", input="draft a haiku about rain")
+        r2 = c.responses.create(model="writer-model", previous_response_id=r1.id, input="shorter")
+        c.responses.create(model="writer-model", previous_response_id=r2.id, input="now in French please")
+        c.responses.create(model="writer-model", input="unrelated")  # starts a new conversation
+    assert len({r1.id, r2.id}) == 2
+    sqlite_store.flush()
+    a, b, d, e = sqlite_store.get_episode(ep.id).actions
+    assert [m.content for m in b.observation.messages] == ["shorter"]  # the server holds the earlier turns
+    assert (b.metadata["previous_response_id"], b.depends_on) == (r1.id, [a.id])
+    assert d.depends_on == [a.id, b.id]  # the whole stored conversation: r2, and r1 it continued
+    assert e.depends_on == []

@@ -180,18 +180,37 @@ def test_own_spans_are_not_recorded_twice(server, sqlite_store):  # noqa: F811
     assert sqlite_store.count() == 1 and proc.assembler.episodes == 0
 
 
-def test_hand_made_genai_spans_tools_parentage_and_message_flow(sqlite_store):
+@pytest.mark.parametrize("where", ["attributes", "event"])
+def test_hand_made_genai_spans_tools_parentage_and_message_flow(sqlite_store, where):
+    """``where``: the messages as span attributes, or on the semantic conventions' operation-details
+    event (what an instrumentation capturing content as events only emits)."""
     tp, proc = provider_with(sqlite_store)
     tracer = tp.get_tracer("app")
 
     def msgs(role, text):
         return json.dumps([{"role": role, "parts": [{"type": "text", "content": text}]}])
 
+    class Chat:
+        def __init__(self, name, attributes):
+            content = {k: attributes.pop(k) for k in list(attributes) if k.startswith("gen_ai.") and "messages" in k}
+            self.span = tracer.start_as_current_span(name, attributes={**attributes, **(
+                content if where == "attributes" else {})})
+            self.event = content if where == "event" else None
+
+        def __enter__(self):
+            span = self.span.__enter__()
+            if self.event is not None:
+                span.add_event("gen_ai.client.inference.operation.details", attributes=self.event)
+            return span
+
+        def __exit__(self, *exc):
+            return self.span.__exit__(*exc)
+
     with tracer.start_as_current_span("invoke_workflow app", attributes={"gen_ai.operation.name": "invoke_workflow",
                                                                          "gen_ai.input.messages": msgs("user", "task")}):
         with tracer.start_as_current_span("invoke_agent lead", attributes={"gen_ai.operation.name": "invoke_agent",
                                                                            "gen_ai.agent.name": "lead"}):
-            with tracer.start_as_current_span("chat lead-model", attributes={
+            with Chat("chat lead-model", {
                     "gen_ai.operation.name": "chat", "gen_ai.request.model": "lead", "gen_ai.request.temperature": 0.7,
                     "gen_ai.input.messages": msgs("user", "task"), "gen_ai.output.messages": msgs("assistant", "search cats")}):
                 pass
@@ -201,7 +220,7 @@ def test_hand_made_genai_spans_tools_parentage_and_message_flow(sqlite_store):
                 pass
         with tracer.start_as_current_span("invoke_agent writer", attributes={"gen_ai.operation.name": "invoke_agent",
                                                                              "gen_ai.agent.name": "writer"}):
-            with tracer.start_as_current_span("chat writer", attributes={
+            with Chat("chat writer", {
                     "gen_ai.operation.name": "chat", "gen_ai.request.model": "writer",
                     "gen_ai.input.messages": msgs("user", "facts: cats are mammals"),
                     "gen_ai.output.messages": msgs("assistant", "Cats are mammals.")}):

@@ -242,6 +242,8 @@ class _CallIndex:
     def __init__(self) -> None:
         self.emitted: dict[str, str] = {}
         self.answered: dict[str, str] = {}
+        # Responses API: response id -> (the action, what it depended on), for a call continuing it
+        self.responses: dict[str, tuple[str, list[str]]] = {}
 
 
 _INDEX_KEY = "openai.calls"  # the recorder's ``integration_data`` key
@@ -297,6 +299,23 @@ def message_dependencies(rec: Any, messages: list[dict]) -> list[str]:
     """Message flow (earlier output text in these messages) plus tool-call ids."""
     texts = [m.get("content") or "" for m in messages]
     return list(dict.fromkeys([*rec.producers_of(texts), *call_dependencies(rec, messages)]))
+
+
+def call_inputs(rec: Any, fields: dict[str, Any]) -> list[str]:
+    """What a recorded call depends on: its messages' (``message_dependencies``) and, for a Responses
+    call that continues a stored one (``previous_response_id``: the server holds the earlier turns,
+    the request does not), that call and what it depended on."""
+    deps = message_dependencies(rec, fields["observation"]["messages"])
+    prev = (fields.get("metadata") or {}).get("previous_response_id")
+    earlier = _index(rec).responses.get(str(prev)) if prev else None
+    return list(dict.fromkeys([*earlier[1], earlier[0], *deps])) if earlier else deps
+
+
+def note_response(rec: Any, action_id: str, fields: dict[str, Any], deps: list[str]) -> None:
+    """Remember the response id of a recorded call and what it depended on (``call_inputs``)."""
+    rid = (fields.get("metadata") or {}).get("response_id")
+    if rid:
+        _index(rec).responses[str(rid)] = (action_id, list(deps))
 
 
 # -- adapter version from the registry -----------------------------------------------------------
@@ -358,13 +377,10 @@ def _deliver(path: str, body: dict, response: dict | None, started: datetime) ->
     rec = current_episode()
     if rec is None:
         return
-    aid = rec.record_action(
-        fields["policy"]["name"],
-        depends_on=message_dependencies(rec, fields["observation"]["messages"]),
-        started_at=started,
-        **fields,
-    )
+    deps = call_inputs(rec, fields)
+    aid = rec.record_action(fields["policy"]["name"], depends_on=deps, started_at=started, **fields)
     note_tool_calls(rec, aid, fields["output"].get("tool_calls"))
+    note_response(rec, aid, fields, deps)
 
 
 def _handle(path: str | None, body: Any, extra: Any, result: Any, started: datetime, live: int | None) -> None:
@@ -485,6 +501,7 @@ def instrumented() -> bool:
 
 
 __all__ = ["CHAT_PATH", "OPENAI", "RAW_SINK", "REGISTRY_KEY", "RESPONSES_PATH", "STREAM_KEY", "SUPPORTED",
-           "LiveVersions", "RawCall", "ResponsesStreamAccumulator", "StreamAccumulator", "call_dependencies", "call_fields", "completion_fields",
-           "emitter_of", "instrument", "instrumented", "message_dependencies", "note_tool_calls",
+           "LiveVersions", "RawCall", "ResponsesStreamAccumulator", "StreamAccumulator", "call_dependencies", "call_fields",
+           "call_inputs", "completion_fields",
+           "emitter_of", "instrument", "instrumented", "message_dependencies", "note_response", "note_tool_calls",
            "note_tool_step", "responses_fields", "token_data", "uninstrument", "use_registry"]

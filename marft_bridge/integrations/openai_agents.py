@@ -143,12 +143,13 @@ class AgentsState(CaptureState):
         run.flush_handoffs(messages)
         rec = run.rec
         rec.set_task(next((m.get("content") for m in messages if m.get("role") == "user"), None))
-        deps = oa.message_dependencies(rec, messages)
+        deps = oa.call_inputs(rec, fields)
         asking = run.asking_call(span_id)  # an agent used as a tool: its first call reads the tool call
         if asking is not None:
             deps.append(asking)
         aid = rec.record_action(agent, kind=kind, depends_on=deps, started_at=started, **fields)
         run.note(span_id, aid, agent, fields["output"].get("tool_calls") or [])
+        oa.note_response(rec, aid, fields, deps)
         return True
 
     def _untraced(self) -> bool:

@@ -61,8 +61,19 @@ LLM_OPS = {"chat", "text_completion", "generate_content"}
 # -- reading spans -------------------------------------------------------------------------------
 
 
+# The semantic conventions' event carrying a call's content when an instrumentation records it as
+# events only (gen_ai.input.messages, gen_ai.output.messages, gen_ai.system_instructions, ...).
+DETAILS_EVENT = "gen_ai.client.inference.operation.details"
+
+
 def _attrs(span: Any) -> dict[str, Any]:
-    return dict(span.attributes or {})
+    """The span's attributes, and those of its operation-details event where the span lacks them."""
+    out = dict(span.attributes or {})
+    for event in getattr(span, "events", None) or ():
+        if event.name == DETAILS_EVENT:
+            for k, v in (event.attributes or {}).items():
+                out.setdefault(k, v)
+    return out
 
 
 def _dt(ns: int | None) -> datetime | None:
