@@ -179,3 +179,67 @@ def test_an_mcp_call_inside_a_function_tool_is_that_tool_step(srv, sqlite_store)
     assert (step.metadata["mcp.tool"], step.metadata["mcp.arguments"]) == ("add", {"a": 20, "b": 1})
     assert served.depends_on == [step.id]
     assert capture_stats()["errors"] == 0
+
+
+def test_parallel_calls_of_one_tool_with_the_same_arguments_keep_their_own_results(srv, sqlite_store):
+    """One reply asks ``weather`` three times at once, twice for Paris; the first Paris call ends last
+    (it waits for the second), so pairing by end order would swap the two Paris results."""
+    from agents import function_tool
+
+    state: dict = {"paris": 0, "second": None}
+
+    @function_tool
+    async def weather(city: str) -> str:
+        """The weather in a city."""
+        if city != "Paris":
+            return f"{city}: sun"
+        state["paris"] += 1
+        k = state["paris"]
+        state["second"] = state["second"] or asyncio.Event()
+        if k == 1:
+            await asyncio.wait_for(state["second"].wait(), 30)  # the SDK runs one reply's calls concurrently
+        else:
+            state["second"].set()
+        return f"Paris#{k}: rain"
+
+    client = AsyncOpenAI(base_url=srv.url, api_key="test", max_retries=0)
+    agent = Agent(name="forecaster", tools=[weather], model=OpenAIResponsesModel("forecast-model", client))
+    with mb.capture(store=sqlite_store) as cap:
+        Runner.run_sync(agent, "weather?")
+    sent = {i["call_id"]: i["output"] for i in srv.requests[-1]["input"] if i.get("type") == "function_call_output"}
+    assert sent == {"call_p": "Paris#1: rain", "call_r": "Rome: sun", "call_p2": "Paris#2: rain"}
+    sqlite_store.flush()
+    ep = sqlite_store.get_episode(cap.episode_ids[0])
+    steps = [a for a in ep.actions if a.kind == "tool"]
+    assert {a.metadata["tool_call_id"]: a.output.text for a in steps} == sent  # what the model was told
+    assert all(a.depends_on == [ep.actions[0].id] for a in steps)
+    assert capture_stats()["errors"] == 0
+
+
+def test_the_agent_handed_to_depends_on_the_handoff_its_input_filter_removed(srv, sqlite_store):
+    """``handoff(..., input_filter=handoff_filters.remove_all_tools)``: the receiver's input holds no
+    tool items, the transfer call and its result included; it still read the handoff."""
+    from agents import function_tool, handoff
+    from agents.extensions import handoff_filters
+
+    @function_tool
+    def lookup(city: str) -> str:
+        """The weather in a city."""
+        return f"{city}: 21C"
+
+    client = AsyncOpenAI(base_url=srv.url, api_key="test", max_retries=0)
+    billing = Agent(name="billing", instructions="You bill.", model=OpenAIResponsesModel("billing-model", client))
+    triage = Agent(name="triage", instructions="You route.", tools=[lookup],
+                   handoffs=[handoff(billing, input_filter=handoff_filters.remove_all_tools)],
+                   model=OpenAIResponsesModel("triage-model", client))
+    with mb.capture(store=sqlite_store) as cap:
+        assert Runner.run_sync(triage, "weather in Paris, then bill me").final_output == "billed: ?"  # no tool output
+    sqlite_store.flush()
+    ep = sqlite_store.get_episode(cap.episode_ids[0])
+    plan, lookup_step, route, transfer, bill = ep.actions
+    assert [(a.agent, a.kind) for a in ep.actions] == [
+        ("triage", "llm"), ("triage", "tool"), ("triage", "llm"), ("triage", "tool"), ("billing", "llm")]
+    assert transfer.metadata["handoff.goto"] == "billing" and transfer.depends_on == [route.id]
+    assert not any(m.role == "tool" or m.tool_calls for m in bill.observation.messages)
+    assert transfer.id in bill.depends_on
+    assert capture_stats()["errors"] == 0

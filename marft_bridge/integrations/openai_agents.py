@@ -140,10 +140,12 @@ class AgentsState(CaptureState):
         span_id = span.span_id if span is not None else None
         agent = run.agent_of(span_id) or fields["policy"]["name"]
         messages = fields["observation"]["messages"]
-        run.flush_handoffs(messages)
+        handed = run.flush_handoffs(messages)
         rec = run.rec
         rec.set_task(next((m.get("content") for m in messages if m.get("role") == "user"), None))
         deps = oa.call_inputs(rec, fields)
+        # The agent a handoff went to reads it, also when a handoff input_filter took the transfer out
+        deps += [step for to, step in handed if to == agent and step not in deps]
         asking = run.asking_call(span_id)  # an agent used as a tool: its first call reads the tool call
         if asking is not None:
             deps.append(asking)

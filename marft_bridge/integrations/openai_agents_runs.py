@@ -150,18 +150,34 @@ class Run:
 
     # -- tool calls ----------------------------------------------------------------------------
 
-    def take_call(self, agent: str | None, name: str, args: Any) -> dict | None:
-        """The pending tool call of ``agent`` this execution answers (first by name and arguments)."""
+    def take_call(self, agent: str | None, name: str, args: Any, fn_span: str | None = None) -> dict | None:
+        """The pending tool call of ``agent`` this execution answers (first by name and arguments).
+        Calls alike in both (the same tool asked twice with the same arguments) go to the function
+        spans in the order they started, whatever order they end in: the SDK starts them in call order."""
         key = canonical_arguments(args) if args is not None else None
         with self.lock:
             mine = [c for c in self.pending if agent is None or c["agent"] == agent]
-            for ok in (lambda c: c["name"] == name and (key is None or c["key"] == key),
-                       lambda c: c["name"] == name):
-                hit = next((c for c in mine if ok(c)), None)
-                if hit is not None:
+            for exact, ok in ((True, lambda c: c["name"] == name and (key is None or c["key"] == key)),
+                              (False, lambda c: c["name"] == name)):
+                hits = [c for c in mine if ok(c)]
+                if hits:
+                    rank = self._earlier_alike(fn_span, name, key) if exact and len(hits) > 1 else 0
+                    hit = hits[min(rank, len(hits) - 1)]
                     self.pending.remove(hit)
                     return hit
         return None
+
+    def _earlier_alike(self, fn_span: str | None, name: str, key: str | None) -> int:
+        """How many function spans of the same tool and arguments, not matched yet, started before
+        ``fn_span`` (spans are kept in the order they started; under the run's lock)."""
+        n = 0
+        for sid, (kind, sname, _, span) in self.spans.items():
+            if sid == fn_span:
+                return n
+            if kind == "function" and sname == name and sid not in self.fn_calls:
+                given = getattr(span.span_data, "input", None)
+                n += key is None or given is None or canonical_arguments(given) == key
+        return 0
 
     def take_transfer(self, agent: str) -> dict | None:
         with self.lock:
@@ -175,7 +191,7 @@ class Run:
         """The tool call a function span runs, matched the first time it is asked."""
         if fn_span in self.fn_calls:
             return self.fn_calls[fn_span]
-        call = self.take_call(agent, name, args)
+        call = self.take_call(agent, name, args, fn_span)
         self.fn_calls[fn_span] = call
         return call
 
@@ -218,10 +234,12 @@ class Run:
 
     # -- handoffs ------------------------------------------------------------------------------
 
-    def flush_handoffs(self, messages: list[dict] | None) -> None:
-        """Record the handoffs seen so far; their result is the tool message answering the call (if given)."""
+    def flush_handoffs(self, messages: list[dict] | None) -> list[tuple[str | None, str]]:
+        """Record the handoffs seen so far; their result is the tool message answering the call (if
+        given). Returns (the agent handed to, the handoff step) of each."""
         with self.lock:
             todo, self.handoffs = self.handoffs, []
+        out = []
         for h in todo:
             text = json.dumps({"assistant": h["to"]})  # the SDK's default transfer message
             if h["call"] is not None:
@@ -231,13 +249,14 @@ class Run:
             name = h["call"]["name"] if h["call"] is not None else handoff_tool_name(h["to"] or "")
             args = h["call"]["args"] if h["call"] is not None else "{}"
             deps = [h["call"]["llm"]] if h["call"] is not None else [x for x in [self.rec.last_action_id(h["from"])] if x]
-            tool_step(self, h["from"], h["call"], name, args, text, h["error"], h["started"], h["ended"], None, deps,
-                      {"handoff.goto": h["to"]})
+            out.append((h["to"], tool_step(self, h["from"], h["call"], name, args, text, h["error"], h["started"],
+                                           h["ended"], None, deps, {"handoff.goto": h["to"]})))
+        return out
 
 
 def tool_step(run: Run, agent: str, call: dict | None, name: str, args: Any, text: str, error: str | None,
               started: datetime | None, ended: datetime | None, latency: float | None, deps: list[str],
-              extra: dict[str, Any] | None = None, action_id: str | None = None) -> None:
+              extra: dict[str, Any] | None = None, action_id: str | None = None) -> str:
     call_id = call["id"] if call is not None else None
     args_json = arguments_json(args)
     try:
@@ -251,3 +270,4 @@ def tool_step(run: Run, agent: str, call: dict | None, name: str, args: Any, tex
         observation={"messages": [{"role": "assistant", "content": None, "tool_calls": [tc]}]},
         output={"text": text}, metadata={k: v for k, v in meta.items() if v is not None}, action_id=action_id)
     oa.note_tool_step(run.rec, call_id, aid)
+    return aid
