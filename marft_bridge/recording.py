@@ -348,6 +348,30 @@ class EpisodeRecorder:
                     return a["id"]
         return None
 
+    def tool_call_asker(self, name: str, arguments: Any) -> tuple[str, str, int, str | None] | None:
+        """``(action id, agent, step, tool_call_id)`` of the latest model call that asked for tool
+        ``name`` with these arguments and that no recorded tool step answers yet (by tool_call_id);
+        None when no recorded call asked for it."""
+        from .messages import canonical_arguments
+
+        key = canonical_arguments(arguments)
+        with self._lock:
+            acts = list(self._actions)
+        answered = {(a.get("metadata") or {}).get("tool_call_id") for a in acts if a["kind"] == "tool"}
+        for a in reversed(acts):
+            for c in (a.get("output") or {}).get("tool_calls") or () if a["kind"] == "llm" else ():
+                fn = c.get("function") or {} if isinstance(c, dict) else {}
+                if fn.get("name") == name and c.get("id") not in answered and \
+                        canonical_arguments(fn.get("arguments")) == key:
+                    return a["id"], a["agent"], a["step"], c.get("id")
+        return None
+
+    def tool_step_of(self, call_id: str) -> str | None:
+        """The recorded tool step that answered tool call ``call_id`` (its ``metadata["tool_call_id"]``)."""
+        with self._lock:
+            return next((a["id"] for a in reversed(self._actions) if a["kind"] == "tool"
+                         and (a.get("metadata") or {}).get("tool_call_id") == call_id), None)
+
     def producers_of(self, texts: Any) -> list[str]:
         """Ids of recorded actions whose non-empty output text occurs in one of ``texts`` (message flow)."""
         texts = [t for t in texts if t]

@@ -68,6 +68,11 @@ def responses_output(req: dict) -> list[dict]:
         return [message(f"lead: {done[0]}")]
     if model == "helper-model":
         return [message(f"helper says {_last_user_text(items)}")]
+    if model in ("planner-mcp", "solver-mcp"):  # each asks one calc tool, then answers from its result
+        if not done:
+            return [function_call("call_add", "add", {"a": 2, "b": 3}) if model == "planner-mcp"
+                    else function_call("call_mul", "multiply", {"a": 4, "b": 5})]
+        return [message(f"{model} result={done[0]}")]
     if model == "forecast-model":  # one tool asked three times at once, twice with the same arguments
         if not done:
             return [function_call("call_p", "weather", {"city": "Paris"}),

@@ -20,8 +20,11 @@ the error, ``metadata["latency_s"]``. Whose step, on what it depends:
 - a LangGraph node calls ``call_tool`` for a tool call a model call asked for (matched by name and
   arguments): that model call's agent, depending on that call;
 - elsewhere in a LangGraph node: the node's agent, depending on the node's inputs;
-- outside LangGraph: ``agent`` (default: the latest model call's agent), depending on the latest
-  ``llm`` action of ``agent``, or of anyone.
+- outside LangGraph, for a tool call a recorded model call of the episode asked for (a raw
+  client's loop; matched by name and arguments, not answered yet): that call's agent, depending on
+  it, answering its ``tool_call_id``;
+- else outside LangGraph: ``agent`` (default: the latest model call's agent), depending on the
+  latest ``llm`` action of ``agent``, or of anyone.
 The agent's next model call depends on it (LangGraph data flow, or the tool result appearing in the
 next prompt). The client's ``sampling_callback`` (the server asking the client's model; set up by
 ``instrument_client``) is recorded as an ``llm`` action of the step's agent; the tool step then
@@ -140,6 +143,9 @@ def _record_tool_step(tc: _ToolCall, target: Any, name: str, arguments: Any, sta
         if is_error and error is None:
             error = text or "tool returned isError"
         who = tc.step.agent or "mcp_client"
+        if tc.step.call_id is not None:  # the tool call a recorded model call asked for
+            meta["tool_call_id"] = tc.step.call_id
+            fields["observation"]["messages"][0]["tool_calls"][0]["id"] = tc.step.call_id
         tc.step.record(who, "tool", extra_deps=tc.sampled, started_at=started, output={"text": text},
                        error=error, validate=prop.needs_validation(who, text, error), **fields)
 

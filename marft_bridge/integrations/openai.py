@@ -284,8 +284,8 @@ def call_dependencies(rec: Any, messages: list[dict]) -> list[str]:
     out = []
     for m in messages:
         cid = m.get("tool_call_id")
-        if cid:
-            aid = idx.answered.get(str(cid)) or idx.emitted.get(str(cid))
+        if cid:  # the step that ran it (here, or another capture's: an MCP call), else the asking call
+            aid = idx.answered.get(str(cid)) or rec.tool_step_of(str(cid)) or idx.emitted.get(str(cid))
             if aid is not None:
                 out.append(aid)
         for c in m.get("tool_calls") or ():

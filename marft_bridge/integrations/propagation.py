@@ -136,6 +136,7 @@ class CallStep:
     agent: str | None = None  # whose action it is: the asking model call's agent, where known
     # The tool step it is part of (a LangChain tool run around the MCP call): not recorded apart.
     host: ToolStep | None = None
+    call_id: str | None = None  # the tool call it answers, where a recorded model call asked for it
     # Callee halves served in this process, recorded after the call step (see the module doc).
     halves: list[tuple[dict, JoinWriter, bool]] = field(default_factory=list)
     settled: bool = False
@@ -195,7 +196,9 @@ def begin_call(recorder: EpisodeRecorder, agent: str | None, tool: str | None = 
     there (a LangChain tool making the call), the call is part of it; else, for a tool call
     (``tool``, ``arguments``) a model call of the run asked for, it is that agent's step and
     depends on that call; else it depends on the node's inputs and earlier actions. Outside a
-    node: on the latest model call of ``agent`` (or of anyone)."""
+    node: on the model call of the episode that asked for this tool call (by name and arguments:
+    its agent's step, answering its tool_call_id), else on the latest model call of ``agent`` (or
+    of anyone)."""
     t = current_framework_task()
     if t is not None and t.recorder is recorder:
         host = t.tool_step()
@@ -206,6 +209,10 @@ def begin_call(recorder: EpisodeRecorder, agent: str | None, tool: str | None = 
         if owner is not None:
             return _in_flight(CallStep(recorder, recorder.new_action_id(), t.step, [owner[0]], t, owner[1]))
         return _in_flight(CallStep(recorder, recorder.new_action_id(), t.step, t.depends_on(), t, t.agent))
+    asker = recorder.tool_call_asker(tool, arguments) if tool is not None else None
+    if asker is not None:  # a model call of the episode asked for exactly this call (a raw client's loop)
+        aid, who, step, call_id = asker
+        return _in_flight(CallStep(recorder, recorder.new_action_id(), step, [aid], None, who, call_id=call_id))
     acts = recorded(recorder)[::-1]  # newest first
     llms = [a for a in acts if a[0] == "llm"]
     dep = next((a for a in llms if agent is None or a[1] == agent), llms[0] if llms else None)
