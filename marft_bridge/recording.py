@@ -198,6 +198,7 @@ class EpisodeRecorder:
         # process, so the app's thread pays for neither a validation nor a model dump.
         self._actions: list[dict[str, Any]] = []
         self._index: dict[str, dict[str, Any]] = {}
+        self._answers: dict[str, str] = {}  # tool_call_id -> the latest tool step that ran it
         self._rewards: list[Reward] = []
         self._errors = 0
         self._data: dict[str, Any] | None = None
@@ -288,6 +289,8 @@ class EpisodeRecorder:
                 raise ValueError(f"duplicate action id {data['id']!r}")
             self._actions.append(data)
             self._index[data["id"]] = data
+            if kind == "tool" and (call_id := data["metadata"].get("tool_call_id")):
+                self._answers[str(call_id)] = data["id"]
             return data["id"]
 
     def reward(
@@ -356,21 +359,19 @@ class EpisodeRecorder:
 
         key = canonical_arguments(arguments)
         with self._lock:
-            acts = list(self._actions)
-        answered = {(a.get("metadata") or {}).get("tool_call_id") for a in acts if a["kind"] == "tool"}
-        for a in reversed(acts):
-            for c in (a.get("output") or {}).get("tool_calls") or () if a["kind"] == "llm" else ():
-                fn = c.get("function") or {} if isinstance(c, dict) else {}
+            llms = [a for a in self._actions if a["kind"] == "llm"]
+            answered = set(self._answers)
+        for a in reversed(llms):
+            for c in (a.get("output") or {}).get("tool_calls") or ():
+                fn = c.get("function") or {}
                 if fn.get("name") == name and c.get("id") not in answered and \
                         canonical_arguments(fn.get("arguments")) == key:
                     return a["id"], a["agent"], a["step"], c.get("id")
         return None
 
     def tool_step_of(self, call_id: str) -> str | None:
-        """The recorded tool step that answered tool call ``call_id`` (its ``metadata["tool_call_id"]``)."""
-        with self._lock:
-            return next((a["id"] for a in reversed(self._actions) if a["kind"] == "tool"
-                         and (a.get("metadata") or {}).get("tool_call_id") == call_id), None)
+        """The latest recorded tool step that ran tool call ``call_id`` (its ``metadata["tool_call_id"]``)."""
+        return self._answers.get(str(call_id))
 
     def producers_of(self, texts: Any) -> list[str]:
         """Ids of recorded actions whose non-empty output text occurs in one of ``texts`` (message flow)."""

@@ -261,18 +261,23 @@ class Inner(TypedDict, total=False):
     draft: str
 
 
-def subgraph_app():
-    planner, researcher, writer, editor = fake("plan"), fake("notes"), fake("draft"), fake("final")
+def team_subgraph():
+    """researcher -> writer on ``Inner``: the team a parent graph runs as a node."""
+    researcher, writer = fake("notes"), fake("draft")
     sub = StateGraph(Inner)
     sub.add_node("researcher", lambda s: {"notes": researcher.invoke(s["plan"]).content})
     sub.add_node("writer", lambda s: {"draft": writer.invoke(s["plan"] + s["notes"]).content})
     sub.add_edge(START, "researcher")
     sub.add_edge("researcher", "writer")
     sub.add_edge("writer", END)
+    return sub.compile()
 
+
+def subgraph_app():
+    planner, editor = fake("plan"), fake("final")
     g = StateGraph(Outer)
     g.add_node("planner", lambda s: {"plan": planner.invoke(s["q"]).content})
-    g.add_node("team", sub.compile())
+    g.add_node("team", team_subgraph())
     g.add_node("editor", lambda s: {"final": editor.invoke(s["draft"]).content})
     g.add_edge(START, "planner")
     g.add_edge("planner", "team")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langgraph.graph import END, START, StateGraph
+from test_capture_langgraph import fake, team_subgraph
 
 import marft_bridge as mb
 
@@ -21,29 +21,8 @@ class Outer(TypedDict, total=False):
     post: str
 
 
-class Inner(TypedDict, total=False):
-    plan: str
-    notes: str
-    draft: str
-
-
 class PlanOnly(TypedDict):
     plan: str
-
-
-def fake(*responses: str) -> FakeListChatModel:
-    return FakeListChatModel(responses=list(responses) * 20)
-
-
-def team_subgraph():
-    researcher, writer = fake("notes"), fake("draft")
-    sub = StateGraph(Inner)
-    sub.add_node("researcher", lambda s: {"notes": researcher.invoke(s["plan"]).content})
-    sub.add_node("writer", lambda s: {"draft": writer.invoke(s["plan"] + s["notes"]).content})
-    sub.add_edge(START, "researcher")
-    sub.add_edge("researcher", "writer")
-    sub.add_edge("writer", END)
-    return sub.compile()
 
 
 def app(team_node):

@@ -237,11 +237,11 @@ def _response_dict(result: Any) -> dict | None:
 
 
 class _CallIndex:
-    """Per episode: which action emitted each tool call id, and which tool step ran it."""
+    """Per episode: which action emitted each tool call id, and what each stored response depended on
+    (which tool step ran a call the recorder knows: ``EpisodeRecorder.tool_step_of``)."""
 
     def __init__(self) -> None:
         self.emitted: dict[str, str] = {}
-        self.answered: dict[str, str] = {}
         # Responses API: response id -> (the action, what it depended on), for a call continuing it
         self.responses: dict[str, tuple[str, list[str]]] = {}
 
@@ -265,12 +265,6 @@ def note_tool_calls(rec: Any, action_id: str, calls: Any) -> None:
             idx.emitted.setdefault(str(c["id"]), action_id)
 
 
-def note_tool_step(rec: Any, call_id: str | None, action_id: str) -> None:
-    """Remember that tool step ``action_id`` ran tool call ``call_id``."""
-    if call_id:
-        _index(rec).answered[str(call_id)] = action_id
-
-
 def emitter_of(rec: Any, call_id: str) -> str | None:
     """The model call that emitted tool call ``call_id`` in episode ``rec``."""
     return _index(rec).emitted.get(str(call_id))
@@ -284,8 +278,8 @@ def call_dependencies(rec: Any, messages: list[dict]) -> list[str]:
     out = []
     for m in messages:
         cid = m.get("tool_call_id")
-        if cid:  # the step that ran it (here, or another capture's: an MCP call), else the asking call
-            aid = idx.answered.get(str(cid)) or rec.tool_step_of(str(cid)) or idx.emitted.get(str(cid))
+        if cid:  # the tool step that ran it (any capture's: SDK, MCP, ...), else the asking call
+            aid = rec.tool_step_of(str(cid)) or idx.emitted.get(str(cid))
             if aid is not None:
                 out.append(aid)
         for c in m.get("tool_calls") or ():
@@ -501,7 +495,7 @@ def instrumented() -> bool:
 
 
 __all__ = ["CHAT_PATH", "OPENAI", "RAW_SINK", "REGISTRY_KEY", "RESPONSES_PATH", "STREAM_KEY", "SUPPORTED",
-           "LiveVersions", "RawCall", "ResponsesStreamAccumulator", "StreamAccumulator", "call_dependencies", "call_fields",
-           "call_inputs", "completion_fields",
-           "emitter_of", "instrument", "instrumented", "message_dependencies", "note_response", "note_tool_calls",
-           "note_tool_step", "responses_fields", "token_data", "uninstrument", "use_registry"]
+           "LiveVersions", "RawCall", "ResponsesStreamAccumulator", "StreamAccumulator", "call_dependencies",
+           "call_fields", "call_inputs", "completion_fields", "emitter_of", "instrument", "instrumented",
+           "message_dependencies", "note_response", "note_tool_calls", "responses_fields", "token_data",
+           "uninstrument", "use_registry"]

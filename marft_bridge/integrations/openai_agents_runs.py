@@ -269,5 +269,4 @@ def tool_step(run: Run, agent: str, call: dict | None, name: str, args: Any, tex
         agent, kind="tool", depends_on=deps, started_at=started, ended_at=ended, error=error,
         observation={"messages": [{"role": "assistant", "content": None, "tool_calls": [tc]}]},
         output={"text": text}, metadata={k: v for k, v in meta.items() if v is not None}, action_id=action_id)
-    oa.note_tool_step(run.rec, call_id, aid)
     return aid

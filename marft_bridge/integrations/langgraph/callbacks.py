@@ -222,11 +222,9 @@ class MarftCallbackHandler(BaseCallbackHandler):
         try:
             task = find_task(state, metadata or {})
             if task is not None:
-                attempt = node_attempt()
-                with task.run.lock:
-                    task.run.new_attempt(task, attempt)
                 name = kw.get("name") or (serialized or {}).get("name") or "tool"
-                tools.start(task, run_id, str(name), inputs if inputs is not None else input_str, kw.get("tool_call_id"))
+                args = inputs if inputs is not None else input_str
+                tools.start(task, run_id, str(name), args, kw.get("tool_call_id"), node_attempt())
         except Exception as e:  # noqa: BLE001
             capture_error("langgraph.tool_start", e)
 

@@ -242,7 +242,8 @@ def _apply_writes(st: _LoopState) -> None:
         if t.internal and st.key_prov is not None:
             step.extend(pv.subgraph_writes(st.key_prov, chans))
         elif t.children and not t.pushed:  # it ran subgraphs: each value it hands on, from where it was
-            step.extend((_returned_provenance(t.children, val, out), [ch]) for ch, val in task.writes if ch != _TASKS)
+            held = _held_values(t.children)
+            step.extend((_returned_provenance(held, val, out), [ch]) for ch, val in task.writes if ch != _TASKS)
         elif t.handed:  # a tool node: each value it writes carries the tool step that returned it
             step.extend((pv.written(t, val, out), [ch]) for ch, val in task.writes if ch != _TASKS)
         else:
@@ -250,17 +251,20 @@ def _apply_writes(st: _LoopState) -> None:
     pv.apply_writes(st.prov, step, st.accumulates)
 
 
-def _returned_provenance(children: list[_LoopState], value: Any, fallback: frozenset[str]) -> frozenset[str]:
+def _held_values(children: list[_LoopState]) -> list[tuple[dict[str, Any], dict[str, frozenset[str]]]]:
+    """Per subgraph a task ran: its channels' final values and their provenance; none when one of
+    them handed off (a ParentCommand: what it handed back is not in its channels)."""
+    if any(c.bubbled for c in children):
+        return []
+    return [({k: ch.get() for k, ch in c.loop.channels.items() if ch.is_available()}, c.prov) for c in children]
+
+
+def _returned_provenance(held: list[tuple[dict[str, Any], dict[str, frozenset[str]]]], value: Any,
+                         fallback: frozenset[str]) -> frozenset[str]:
     """Where a value a task writes came from when the task ran subgraphs (one added as a node, or
     invoked by hand): the provenance of the subgraph channels holding that very object, else
     ``fallback`` (all the subgraphs handed back: a value the node computed from them, or a handoff)."""
-    if any(c.bubbled for c in children):
-        return fallback
-    hits = []
-    for c in children:
-        values = {k: ch.get() for k, ch in c.loop.channels.items() if ch.is_available()}
-        if (p := pv.value_provenance(value, values, c.prov, None)) is not None:
-            hits.append(p)
+    hits = [p for values, prov in held if (p := pv.value_provenance(value, values, prov, None)) is not None]
     return pv.EMPTY.union(*hits) if hits else fallback
 
 

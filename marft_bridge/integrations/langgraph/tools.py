@@ -119,7 +119,8 @@ def find_owner(run: Any, name: str, args: Any, call_id: str | None) -> tuple | N
         return latest if latest is not None and (latest[0], latest[2]) not in calls.answered_calls else None
 
 
-def start(task: Task, run_id: UUID, name: str, args: Any, call_id: str | None) -> None:
+def start(task: Task, run_id: UUID, name: str, args: Any, call_id: str | None, attempt: int = 1) -> None:
+    """A tool run begins in ``task`` (``attempt``: its node's, ``Run.new_attempt``)."""
     run = task.run
     args = convert.jsonable(args) if not isinstance(args, str) else args
     if call_id is None and isinstance(args, dict) and isinstance(args.get("tool_call_id"), str):
@@ -131,6 +132,7 @@ def start(task: Task, run_id: UUID, name: str, args: Any, call_id: str | None) -
         with contextlib.suppress(TypeError, ValueError):
             args = json.loads(owner[3]) if isinstance(owner[3], str) else args
     with run.lock:
+        run.new_attempt(task, attempt)
         task.calls += 1
         # A tool step depends on the model call that asked for it: its arguments are what it reads
         # (a ToolNode reading the whole message list reads no more of it). A tool called by hand in
