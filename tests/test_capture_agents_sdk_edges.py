@@ -243,3 +243,34 @@ def test_the_agent_handed_to_depends_on_the_handoff_its_input_filter_removed(srv
     assert not any(m.role == "tool" or m.tool_calls for m in bill.observation.messages)
     assert transfer.id in bill.depends_on
     assert capture_stats()["errors"] == 0
+
+
+@pytest.mark.parametrize("explain", [True, False], ids=["failure_error_function", "sdk_default"])
+def test_a_failed_function_tool_step_carries_what_the_sdk_says_of_the_exception(srv, sqlite_store, explain):
+    from agents import function_tool
+
+    def failure(ctx, error: Exception) -> str:
+        return f"lookup failed: {error}"
+
+    @function_tool(**({"failure_error_function": failure} if explain else {}))
+    def lookup(city: str) -> str:
+        """The weather in a city."""
+        raise ValueError(f"no station in {city}")
+
+    client = AsyncOpenAI(base_url=srv.url, api_key="test", max_retries=0)
+    billing = Agent(name="billing", instructions="You bill.", model=OpenAIResponsesModel("billing-model", client))
+    triage = Agent(name="triage", instructions="You route.", tools=[lookup], handoffs=[billing],
+                   model=OpenAIResponsesModel("triage-model", client))
+    with mb.capture(store=sqlite_store) as cap:
+        Runner.run_sync(triage, "weather in Paris, then bill me")
+    sqlite_store.flush()
+    ep = sqlite_store.get_episode(cap.episode_ids[0])
+    plan, step = ep.actions[0], ep.actions[1]
+    assert (step.kind, step.agent, step.depends_on) == ("tool", "triage", [plan.id])
+    if explain:  # the app let the exception through: the step says what failed
+        assert step.output.text == "lookup failed: no station in Paris"
+        assert step.error == "Error running tool (non-fatal): no station in Paris"
+    else:  # the SDK's default keeps the exception out of the trace: so does the step
+        assert "no station" not in (step.error or "") + step.output.text
+        assert step.error.startswith("Error running tool") and "redacted" in step.error
+    assert capture_stats()["errors"] == 0

@@ -205,7 +205,7 @@ class AgentsState(CaptureState):
 
     def span_end(self, run: Run, span: Any) -> None:
         data, err = span.span_data, span.error
-        error = str(err.get("message") or err) if err else None
+        error = _error_text(err)
         t0 = run.end(span.span_id)
         if t0 is False:
             return  # already handled (a processor registered twice)
@@ -237,6 +237,19 @@ class AgentsState(CaptureState):
                                      "started": ts(span.started_at), "ended": ts(span.ended_at)})
         elif data.type == "agent" and error and run.error is None:
             run.error = f"{data.name}: {error}"
+
+
+def _error_text(err: Any) -> str | None:
+    """A span's error: its message, and the exception text the SDK puts in its data when it may
+    (a failed function tool: ``{"tool_name", "error"}``)."""
+    if not err:
+        return None
+    if not isinstance(err, dict):
+        return str(err)
+    msg = str(err.get("message") or err)
+    data = err.get("data")
+    detail = data.get("error") if isinstance(data, dict) else None
+    return f"{msg}: {detail}" if detail and str(detail) not in msg else msg
 
 
 def _make_processor() -> Any:
