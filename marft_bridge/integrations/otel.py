@@ -255,10 +255,11 @@ def spans_to_episode(spans: Iterable[Any], source: str = "otel", episode_id: str
                 agent_spans = [u for u in ups if u.kind == "agent"]
                 agent = _agent(n, agent_spans)
                 kind, aid = n.kind, None
-                deps = _deps(n, fields, agent_spans, ancestry, recorded)
                 messages = fields["observation"]["messages"]
                 ids = [meta["tool_call_id"]] if n.kind == "tool" and meta.get("tool_call_id") else \
                     msgs.referenced_call_ids(messages)
+                asked = emitted.get(ids[0]) if n.kind == "tool" and ids else None
+                deps = _deps(n, fields, agent_spans, ancestry, recorded, asked)
                 for cid in ids:  # the tool step answering a call, else the call that asked for it
                     dep = (None if n.kind == "tool" else answered.get(cid)) or emitted.get(cid)
                     if dep is not None and dep not in deps:
@@ -278,21 +279,23 @@ def spans_to_episode(spans: Iterable[Any], source: str = "otel", episode_id: str
 
 
 def _deps(n: _Span, fields: dict[str, Any], agent_spans: list[_Span], ancestry: dict[int, list[_Span]],
-          recorded: list[tuple[_Span, str, str]]) -> list[str]:
+          recorded: list[tuple[_Span, str, str]], asked: str | None = None) -> list[str]:
     """Parentage and message flow: earlier actions of this action's agent spans, and earlier actions
-    whose output text is in its input. A tool span's own descendants (an agent run as the tool) are
-    inputs when their output is in the tool's result (else the last of them to end)."""
+    whose output text is in its input. A tool span answering a call a recorded model call emitted
+    (``asked``, by ``gen_ai.tool.call.id``) takes that call instead: its input is that call's
+    arguments. A tool span's own descendants (an agent run as the tool) are inputs when their
+    output is in the tool's result (else the last of them to end)."""
     texts = [m.get("content") or "" for m in fields["observation"]["messages"]]
     texts += [u.input_text() for u in agent_spans[:1]]
     inside = {u.id for u in agent_spans} | ({n.id} if n.kind == "env" else set())
     result = fields["output"]["text"] if n.kind == "tool" else ""
-    deps, nested = [], []
+    deps, nested = [asked] if asked is not None else [], []
     for prev, pid, ptext in recorded:
         if n.kind == "tool" and any(u.id == n.id for u in ancestry[prev.id]):
             nested.append((prev, pid, ptext))
             continue
-        if prev.end > n.start:
-            continue  # still running when this one started: not an input
+        if prev.end > n.start or asked is not None:
+            continue  # still running when this one started, or not what the asked tool read
         same_span = bool(inside & {u.id for u in ancestry[prev.id]})
         if same_span or (ptext.strip() and any(ptext.strip() in t for t in texts)):
             deps.append(pid)
