@@ -19,7 +19,9 @@ turns what it saw into the same ``Message`` / ``Output`` field dicts (``marft_br
   messages answering ``call_id``; items of other types (reasoning, built-in tool calls) are kept
   as text (their JSON) and their types appended to ``unknown`` so the caller can count them;
 - ``responses_output(response)``: a Responses-API response's output text, tool calls and
-  finish reason; ``chat_output(response)`` the same for a chat completion.
+  finish reason; ``chat_output(response)`` the same for a chat completion;
+- ``output_forms(text)`` / ``occurs_in(forms, texts)``: message flow by text, a JSON output
+  also found re-serialised (compact or spaced).
 
 This module imports nothing but the standard library: capture, OTel and serving all use it.
 """
@@ -190,6 +192,31 @@ def chat_output(response: dict) -> dict[str, Any]:
             "finish_reason": choice.get("finish_reason")}
 
 
+def output_forms(text: str) -> tuple[str, ...]:
+    """The forms an action's output text may take in a later input: the text itself and, for a
+    JSON object or array, its compact and spaced dumps (an app passing a structured output on
+    re-serialises it: pydantic's ``model_dump_json`` is compact, ``json.dumps`` spaced)."""
+    text = text.strip()
+    if text[:1] not in ("{", "[") or len(text) < 2:
+        return (text,) if text else ()
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return (text,)
+    forms = [text]
+    for sep in ((",", ":"), (", ", ": ")):
+        for ascii_only in (False, True):
+            f = json.dumps(value, separators=sep, ensure_ascii=ascii_only)
+            if f not in forms:
+                forms.append(f)
+    return tuple(forms)
+
+
+def occurs_in(forms: tuple[str, ...], texts: Any) -> bool:
+    """Whether one of an output's ``forms`` occurs in one of ``texts``."""
+    return any(f in t for f in forms for t in texts)
+
+
 def referenced_call_ids(messages: list[dict[str, Any]]) -> list[str]:
     """Tool-call ids a conversation refers to: answered by tool messages or emitted by assistant turns."""
     ids: list[str] = []
@@ -203,4 +230,4 @@ def referenced_call_ids(messages: list[dict[str, Any]]) -> list[str]:
 
 
 __all__ = ["arguments_json", "chat_message", "chat_output", "chat_tool_choice", "chat_tools", "content_text",
-           "referenced_call_ids", "responses_messages", "responses_output", "tool_call", "tool_calls"]
+           "occurs_in", "output_forms", "referenced_call_ids", "responses_messages", "responses_output", "tool_call", "tool_calls"]

@@ -375,10 +375,12 @@ class EpisodeRecorder:
 
     def producers_of(self, texts: Any) -> list[str]:
         """Ids of recorded actions whose non-empty output text occurs in one of ``texts`` (message flow)."""
+        from .messages import occurs_in, output_forms
+
         texts = [t for t in texts if t]
         with self._lock:
-            outs = [(a["id"], str((a.get("output") or {}).get("text") or "").strip()) for a in self._actions]
-        return [aid for aid, out in outs if out and any(out in t for t in texts)]
+            outs = [(a["id"], str((a.get("output") or {}).get("text") or "")) for a in self._actions]
+        return [aid for aid, out in outs if out.strip() and occurs_in(output_forms(out), texts)]
 
     def count_error(self, msg: str) -> None:
         """Count a capture error of this episode (``capture_error`` calls it)."""

@@ -5,7 +5,8 @@ in the capture tests. Each model follows a script keyed by how many tool results
 - ``triage-model`` (Responses API or chat completions): no tool result yet -> calls ``lookup(city="Paris")``; one -> calls
   ``transfer_to_billing`` (a handoff); more -> answers text;
 - ``billing-model``: answers ``"billed: <the lookup result>"``;
-- ``echo-model``: answers ``"echo: <last user text>"``;
+- ``echo-model``: answers ``"echo: <last user text>"``; ``plan-json-model`` answers
+  ``{"city": "Paris", "days": 3}`` (Responses API);
 - ``lead-model`` (Responses API): no tool result yet -> calls ``ask_helper(input="capital of France?")``
   (an agent used as a tool); then answers ``"lead: <the tool result>"``; ``helper-model`` answers
   ``"helper says <its user text>"``;
@@ -27,8 +28,15 @@ USAGE = {"input_tokens": 11, "output_tokens": 5, "total_tokens": 16,
          "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
 
 
+def _output_text(output: Any) -> str:
+    if isinstance(output, list):  # content parts (an MCP tool's result through the Agents SDK)
+        return "".join(str(p.get("text", "")) for p in output if isinstance(p, dict))
+    return str(output)
+
+
 def _tool_outputs(items: Any) -> list[str]:
-    return [str(i.get("output")) for i in items or () if isinstance(i, dict) and i.get("type") == "function_call_output"]
+    return [_output_text(i.get("output")) for i in items or ()
+            if isinstance(i, dict) and i.get("type") == "function_call_output"]
 
 
 def _last_user_text(items: Any) -> str:
@@ -79,6 +87,8 @@ def responses_output(req: dict) -> list[dict]:
                     function_call("call_r", "weather", {"city": "Rome"}),
                     function_call("call_p2", "weather", {"city": "Paris"})]
         return [message(" / ".join(done))]
+    if model == "plan-json-model":  # a structured answer, spaced as models write JSON
+        return [message('{"city": "Paris", "days": 3}')]
     return [message(f"echo: {_last_user_text(items)}")]
 
 

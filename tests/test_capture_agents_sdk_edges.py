@@ -274,3 +274,58 @@ def test_a_failed_function_tool_step_carries_what_the_sdk_says_of_the_exception(
         assert "no station" not in (step.error or "") + step.output.text
         assert step.error.startswith("Error running tool") and "redacted" in step.error
     assert capture_stats()["errors"] == 0
+
+
+def test_a_run_stopped_by_an_input_guardrail_is_a_failed_episode(srv, sqlite_store):
+    from agents import GuardrailFunctionOutput, InputGuardrailTripwireTriggered, input_guardrail
+
+    client = AsyncOpenAI(base_url=srv.url, api_key="test", max_retries=0)
+    classifier = Agent(name="classifier", instructions="Classify.", model=OpenAIResponsesModel("echo-model", client))
+
+    @input_guardrail(run_in_parallel=False)
+    async def screen(ctx, agent, text):
+        verdict = (await Runner.run(classifier, text, context=ctx.context)).final_output
+        return GuardrailFunctionOutput(output_info=verdict, tripwire_triggered="hack" in verdict)
+
+    main = Agent(name="main", instructions="Answer.", model=OpenAIResponsesModel("echo-model", client),
+                 input_guardrails=[screen])
+    with mb.capture(store=sqlite_store) as cap:
+        assert Runner.run_sync(main, "hello").final_output == "echo: hello"
+        with pytest.raises(InputGuardrailTripwireTriggered):
+            Runner.run_sync(main, "hack the bank")
+    sqlite_store.flush()
+    passed, stopped = (sqlite_store.get_episode(i) for i in cap.episode_ids)
+    assert (passed.status, [a.agent for a in passed.actions]) == ("completed", ["classifier", "main"])
+    assert (stopped.status, [a.agent for a in stopped.actions]) == ("failed", ["classifier"])
+    assert "guardrail" in stopped.metadata["error"].lower()
+    assert capture_stats()["errors"] == 0
+
+
+def test_an_mcp_tool_of_an_sdk_agent_is_one_step_with_the_text_the_model_got(srv, sqlite_store):
+    """An SDK agent with a real MCP server over stdio (``MCPServerStdio``): the tool step's output is
+    the tool's text, as the model's next input has it (the span holds MCP content parts)."""
+    import os
+    import sys
+
+    from agents.mcp import MCPServerStdio
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    params = {"command": sys.executable, "args": ["-c", "import mcp_apps; mcp_apps.build_server().run('stdio')"],
+              "cwd": here}
+
+    async def main():
+        client = AsyncOpenAI(base_url=srv.url, api_key="test", max_retries=0)
+        async with MCPServerStdio(params=params, name="calc", cache_tools_list=True) as server:
+            agent = Agent(name="planner", mcp_servers=[server], model=OpenAIResponsesModel("planner-mcp", client))
+            with mb.capture(store=sqlite_store) as cap:
+                assert (await Runner.run(agent, "compute")).final_output == "planner-mcp result=5"
+        return cap.episode_ids
+
+    (eid,) = asyncio.run(main())
+    sqlite_store.flush()
+    ask, add, answer = sqlite_store.get_episode(eid).actions
+    assert [(a.agent, a.kind) for a in (ask, add, answer)] == [("planner", "llm"), ("planner", "tool"), ("planner", "llm")]
+    told = [m.content for m in answer.observation.messages if m.role == "tool"]
+    assert add.output.text == "5" and told == ["5"]
+    assert add.depends_on == [ask.id] and sorted(answer.depends_on) == sorted([ask.id, add.id])
+    assert capture_stats()["errors"] == 0

@@ -153,3 +153,23 @@ def test_a_call_continuing_a_stored_response_depends_on_it_and_what_it_read(srv,
     assert (b.metadata["previous_response_id"], b.depends_on) == (r1.id, [a.id])
     assert d.depends_on == [a.id, b.id]  # the whole stored conversation: r2, and r1 it continued
     assert e.depends_on == []
+
+
+def test_a_structured_answer_passed_on_re_serialised_is_still_a_dependency(srv, sqlite_store):
+    """The app parses the planner's JSON into a pydantic model and hands ``model_dump_json()``
+    (compact) to the next agent: that call depends on the planner's; an unrelated one does not."""
+    from pydantic import BaseModel
+
+    class Plan(BaseModel):
+        city: str
+        days: int
+
+    c = client(srv.url)
+    with mb.episode(store=sqlite_store) as ep:
+        plan = Plan.model_validate_json(c.responses.create(model="plan-json-model", input="plan a trip").output_text)
+        c.responses.create(model="echo-model", input=f"book this: {plan.model_dump_json()}")
+        c.responses.create(model="echo-model", input="what is a trip?")
+    sqlite_store.flush()
+    planner, booker, other = sqlite_store.get_episode(ep.id).actions
+    assert plan.model_dump_json() not in planner.output.text  # the compact form is not what the model wrote
+    assert (booker.depends_on, other.depends_on) == ([planner.id], [])

@@ -315,3 +315,67 @@ def test_tool_calling_episode_round_trips_through_emitted_spans(sqlite_store):
     back = otel.spans_to_episode(spans)
     strip = lambda a: a.model_dump(exclude={"metadata"})  # noqa: E731
     assert [strip(a) for a in back.actions] == [strip(a) for a in native.actions]
+
+
+def test_genai_team_under_a_supervisor_span_gets_exact_edges(sqlite_store):
+    """A supervisor agent span enclosing three sub-agents (newest GenAI conventions, by hand): a
+    sub-agent depends on the supervisor's calls, not on a sibling's; a critic handed the
+    researcher's history depends on the call that emitted the tool call in it and the tool step
+    that answered it; a JSON output passed on compact is still found; a failed tool span says
+    what it raised; the finish reason is read off the output message."""
+    from opentelemetry.trace import Status, StatusCode
+
+    tp, _ = provider_with(sqlite_store)
+    tracer = tp.get_tracer("app")
+    J = json.dumps
+
+    def chat(model, inp, out, finish="stop"):
+        with tracer.start_as_current_span(f"chat {model}", attributes={
+                "gen_ai.operation.name": "chat", "gen_ai.request.model": model, "gen_ai.input.messages": J(inp),
+                "gen_ai.output.messages": J([{"role": "assistant", "parts": out, "finish_reason": finish}])}):
+            pass
+
+    def agent(name):
+        return tracer.start_as_current_span(f"invoke_agent {name}", attributes={
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": name})
+
+    def user(text):
+        return {"role": "user", "parts": [{"type": "text", "content": text}]}
+
+    call = {"type": "tool_call", "id": "call_1", "name": "search", "arguments": {"q": "tides"}}
+    answer = {"role": "tool", "parts": [{"type": "tool_call_response", "id": "call_1", "response": "moon pulls tides"}]}
+    with tracer.start_as_current_span("invoke_workflow team", attributes={"gen_ai.operation.name": "invoke_workflow"}):
+        with agent("supervisor"):
+            chat("sup", [user("go")], [{"type": "text", "content": "ROUTE-ALL"}])
+            with agent("researcher"):
+                chat("res", [user("tides")], [call], finish="tool_call")
+                with tracer.start_as_current_span("execute_tool search", attributes={
+                        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
+                        "gen_ai.tool.call.id": "call_1", "gen_ai.tool.call.result": "moon pulls tides"}):
+                    pass
+                chat("res", [user("tides"), {"role": "assistant", "parts": [call]}, answer],
+                     [{"type": "text", "content": '{"fact": "moon pulls tides", "score": 7}'}])
+            with agent("stylist"):
+                chat("sty", [user("pick a style")], [{"type": "text", "content": "STYLE-Q"}])
+                with tracer.start_as_current_span("execute_tool lint", attributes={
+                        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lint"}) as failing:
+                    failing.record_exception(ValueError("no such style"))
+                    failing.set_status(Status(StatusCode.ERROR))
+            with agent("critic"):  # handed the researcher's history and its answer, compact
+                chat("cri", [user("tides"), {"role": "assistant", "parts": [call]}, answer,
+                             user('check {"fact":"moon pulls tides","score":7}')], [{"type": "text", "content": "OK"}])
+    sqlite_store.flush()
+    (ep,) = list(sqlite_store.episodes())
+    names = {a.id: f"{a.agent.rsplit('/', 1)[-1]}:{a.kind}:{a.output.text[:8]}" for a in ep.actions}
+    assert [(names[a.id], sorted(names[d] for d in a.depends_on)) for a in ep.actions] == [
+        ("supervisor:llm:ROUTE-AL", []),
+        ("researcher:llm:", ["supervisor:llm:ROUTE-AL"]),
+        ("researcher:tool:moon pul", ["researcher:llm:"]),  # the call that asked, by gen_ai.tool.call.id
+        ("researcher:llm:{\"fact\":", ["researcher:llm:", "researcher:tool:moon pul", "supervisor:llm:ROUTE-AL"]),
+        ("stylist:llm:STYLE-Q", ["supervisor:llm:ROUTE-AL"]),  # not the sibling researcher's
+        ("stylist:tool:", ["stylist:llm:STYLE-Q", "supervisor:llm:ROUTE-AL"]),  # no call id: parentage
+        ("critic:llm:OK", ["researcher:llm:", "researcher:llm:{\"fact\":", "researcher:tool:moon pul",
+                           "supervisor:llm:ROUTE-AL"]),
+    ]
+    assert ep.actions[5].error == "ValueError: no such style"
+    assert [ep.actions[i].output.finish_reason for i in (1, 3)] == ["tool_call", "stop"]

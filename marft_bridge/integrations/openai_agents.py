@@ -213,7 +213,7 @@ class AgentsState(CaptureState):
         if data.type == "function":
             agent = run.agent_of(span.parent_id) or "agent"
             call = run.call_of(span.span_id, agent, data.name, data.input)
-            text = "" if data.output is None else data.output if isinstance(data.output, str) else str(data.output)
+            text = _tool_text(data.output)
             deps = [call["llm"]] if call is not None else [x for x in [run.rec.last_action_id(agent)] if x]
             deps += run.nested_answer(span.span_id, text)
             inner = run.functions.pop(span.span_id, None)  # a protocol call made inside it (MCP)
@@ -235,8 +235,24 @@ class AgentsState(CaptureState):
             with run.lock:
                 run.handoffs.append({"from": frm, "to": data.to_agent, "call": call, "error": error,
                                      "started": ts(span.started_at), "ended": ts(span.ended_at)})
-        elif data.type == "agent" and error and run.error is None:
-            run.error = f"{data.name}: {error}"
+        elif data.type in ("agent", "turn") and error and run.error is None:  # turn: SDK 0.2x's guardrail trips
+            run.error = f"{getattr(data, 'name', None) or getattr(data, 'agent_name', None) or 'agent'}: {error}"
+        elif data.type == "guardrail" and getattr(data, "triggered", False) and run.error is None:
+            run.error = f"guardrail {data.name}: tripwire triggered"  # the SDK raises it into the app
+
+
+def _tool_text(output: Any) -> str:
+    """A function span's output as the text the model was given: content parts (an MCP tool's
+    ``{"type": "text", "text": ...}``, or a list of them) by their text, other values as the SDK
+    turns them into the tool message (``str``)."""
+    if output is None:
+        return ""
+    if isinstance(output, str):
+        return output
+    parts = output if isinstance(output, list) else [output]
+    if parts and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in parts):
+        return "".join(p["text"] for p in parts)
+    return str(output)
 
 
 def _error_text(err: Any) -> str | None:

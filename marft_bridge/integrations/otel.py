@@ -18,11 +18,13 @@ Spans -> Episodes
     ``otel.unknown_part``, ``metadata["unknown_parts"]``). ``gen_ai.tool.definitions`` (or
     OpenInference's ``llm.tools``) -> ``Observation.tools``. A tool span is a tool step in the
     MCP / LangChain shape (``tool.name``, ``tool.arguments``, ``tool_call_id``).
-    Dependencies without ``marft.depends_on``: parentage (earlier actions of the same agent span
-    and of enclosing agent spans), message flow (earlier actions whose output text occurs in
-    this action's input messages or its agent span's input) and tool-call ids (a tool message
-    answering call X: the tool step that ran X, else the model call that emitted X; a tool step:
-    the model call that emitted its call). A tool span is recorded at its end, after what ran
+    Dependencies without ``marft.depends_on``: parentage (earlier actions made directly by this
+    action's agent or an enclosing agent, not those inside a sibling sub-agent's span), message
+    flow (earlier actions whose output text, or a JSON output re-serialised, occurs in this
+    action's input messages or its agent span's input) and tool-call ids (an assistant turn's
+    tool call X: the model call that emitted X; a tool message answering X: the tool step that
+    ran X, else that model call). A tool step answering a recorded call depends on that call
+    alone (plus what ran inside it); one without a known call id takes parentage. A tool span is recorded at its end, after what ran
     inside it: an agent run as a tool (its ``invoke_agent`` span a child of the ``execute_tool``
     span) gives the tool step an edge from the sub-agent's action whose output is the tool's result
     (else from its last one). Spans of traces that never finish are kept up to ``max_traces``;
@@ -125,8 +127,25 @@ class _Span:
     def error(self) -> str | None:
         status = getattr(self.raw, "status", None)
         if status is not None and getattr(status.status_code, "name", "") == "ERROR":
-            return status.description or "error"
+            return status.description or self._exception() or "error"
         return None
+
+    def _exception(self) -> str | None:
+        """The span's recorded exception (its ``exception`` event), as ``Type: message``."""
+        for event in getattr(self.raw, "events", None) or ():
+            if event.name == "exception":
+                ev = event.attributes or {}
+                kind, msg = ev.get("exception.type"), ev.get("exception.message")
+                return ": ".join(str(x) for x in (kind, msg) if x) or None
+        return None
+
+
+def _message_finish(a: Any) -> Any:
+    """The finish reason the GenAI convention puts on each output message (``finish_reason``)."""
+    for m in _loads(a.get("gen_ai.output.messages")) or ():
+        if isinstance(m, dict) and m.get("finish_reason"):
+            return m["finish_reason"]
+    return None
 
 
 def _node_path(meta: dict[str, Any]) -> str | None:
@@ -157,7 +176,7 @@ def _fields(s: _Span) -> dict[str, Any]:
         messages.insert(0, {"role": "system", "content": sys_text})
     outs = _genai_messages(a.get("gen_ai.output.messages"), unknown) or _oi_messages(a, "llm.output_messages.")
     out_msg = next((m for m in outs if m["role"] == "assistant"), outs[0] if outs else {"content": ""})
-    finish = a.get("gen_ai.response.finish_reasons") or a.get("llm.finish_reason")
+    finish = a.get("gen_ai.response.finish_reasons") or a.get("llm.finish_reason") or _message_finish(a)
     if isinstance(finish, (list, tuple)):
         finish = finish[0] if finish else None
     params = _loads(a.get("llm.invocation_parameters")) or {}
@@ -255,15 +274,12 @@ def spans_to_episode(spans: Iterable[Any], source: str = "otel", episode_id: str
                 agent_spans = [u for u in ups if u.kind == "agent"]
                 agent = _agent(n, agent_spans)
                 kind, aid = n.kind, None
-                messages = fields["observation"]["messages"]
-                ids = [meta["tool_call_id"]] if n.kind == "tool" and meta.get("tool_call_id") else \
-                    msgs.referenced_call_ids(messages)
-                asked = emitted.get(ids[0]) if n.kind == "tool" and ids else None
+                asked = emitted.get(str(meta.get("tool_call_id"))) if n.kind == "tool" else None
                 deps = _deps(n, fields, agent_spans, ancestry, recorded, asked)
-                for cid in ids:  # the tool step answering a call, else the call that asked for it
-                    dep = (None if n.kind == "tool" else answered.get(cid)) or emitted.get(cid)
-                    if dep is not None and dep not in deps:
-                        deps.append(dep)
+                if n.kind != "tool":
+                    for dep in _call_links(fields["observation"]["messages"], emitted, answered):
+                        if dep not in deps:
+                            deps.append(dep)
                 step = _step(n, ups, [rec.get_action(d).step for d in deps])
             new_id = rec.record_action(
                 agent, kind=kind, step=step, depends_on=deps, error=n.error(), action_id=aid,
@@ -276,6 +292,18 @@ def spans_to_episode(spans: Iterable[Any], source: str = "otel", episode_id: str
                 answered[str(meta["tool_call_id"])] = new_id
             recorded.append((n, new_id, rec.get_action(new_id).output.text))
     return _finish(rec, root, limits)
+
+
+def _call_links(messages: list[dict[str, Any]], emitted: dict[str, str], answered: dict[str, str]) -> list[str]:
+    """Tool-call ids in an input: an assistant turn's tool call links to the model call that
+    emitted it, a tool message to the tool step that answered it (else to the emitter)."""
+    out: list[str] = []
+    for m in messages:
+        if m.get("tool_call_id"):
+            cid = str(m["tool_call_id"])
+            out.append(answered.get(cid) or emitted.get(cid))
+        out += [emitted.get(str(c["id"])) for c in m.get("tool_calls") or () if isinstance(c, dict) and c.get("id")]
+    return [d for d in dict.fromkeys(out) if d is not None]
 
 
 def _deps(n: _Span, fields: dict[str, Any], agent_spans: list[_Span], ancestry: dict[int, list[_Span]],
@@ -296,10 +324,11 @@ def _deps(n: _Span, fields: dict[str, Any], agent_spans: list[_Span], ancestry: 
             continue
         if prev.end > n.start or asked is not None:
             continue  # still running when this one started, or not what the asked tool read
-        same_span = bool(inside & {u.id for u in ancestry[prev.id]})
-        if same_span or (ptext.strip() and any(ptext.strip() in t for t in texts)):
+        # parentage: an action of one of this action's agents (not one inside a sibling sub-agent)
+        own_agent = next((u.id for u in ancestry[prev.id] if u.kind == "agent"), None)
+        if own_agent in inside or (ptext.strip() and msgs.occurs_in(msgs.output_forms(ptext), texts)):
             deps.append(pid)
-    answer = [pid for _, pid, ptext in nested if ptext.strip() and ptext.strip() in result]
+    answer = [pid for _, pid, ptext in nested if ptext.strip() and msgs.occurs_in(msgs.output_forms(ptext), [result])]
     if nested and not answer:
         answer = [max(nested, key=lambda x: x[0].end)[1]]
     return deps + answer
