@@ -738,3 +738,43 @@ def test_registry_is_passed_to_the_episodes_a_capture_opens(sqlite_store, tmp_pa
         g.compile().invoke({"question": "q"})
     assert seen == [a, b, None, a, b]  # per app, not a process-wide switch
     mb.uninstrument(app_a), mb.uninstrument(app_b), mb.uninstrument(app_plain)
+
+
+class SendsWithContext(Sends, total=False):
+    topic: str
+    context: str
+
+
+def test_a_send_packet_carries_the_channels_its_values_came_from(sqlite_store):
+    """A worker sent ``{"item": i, "context": s["context"]}`` read the researcher's context (the very
+    value its channel holds) as well as the lead's item: it depends on both (was: the lead only)."""
+    researcher, lead, summarizer = fake("ctx"), fake("p,q"), fake("summary")
+    worker = GenericFakeChatModel(messages=iter([AIMessage("r")] * 100))
+
+    g = StateGraph(SendsWithContext)
+    g.add_node("researcher", lambda s: {"context": researcher.invoke(f"research {s['topic']}").content})
+    g.add_node("lead", lambda s: {"items": lead.invoke("split the work").content.split(",")})
+    g.add_node("worker", lambda s: {"results": [worker.invoke(f"do {s['item']} with {s['context']}").content]})
+    g.add_node("summarize", lambda s: {"summary": summarizer.invoke(" ".join(s["results"])).content})
+    g.add_edge(START, "researcher")
+    g.add_edge("researcher", "lead")
+    g.add_conditional_edges("lead", lambda s: [Send("worker", {"item": i, "context": s["context"]})
+                                               for i in s["items"]], ["worker"])
+    g.add_edge("worker", "summarize")
+    g.add_edge("summarize", END)
+    app = mb.instrument(g.compile(), store=sqlite_store)
+    app.invoke({"topic": "tides"})
+    ep = stored(sqlite_store, app)
+
+    def key(a):
+        return f"{a.agent}:{a.observation.messages[0].content}"
+
+    assert edges(ep, key) == {
+        "researcher:research tides": ("llm", []),
+        "lead:split the work": ("llm", ["researcher:research tides"]),  # its trigger
+        "worker:do p with ctx": ("llm", ["lead:split the work", "researcher:research tides"]),
+        "worker:do q with ctx": ("llm", ["lead:split the work", "researcher:research tides"]),
+        # it reads the whole state (no input schema): every channel's writer
+        "summarize:r r": ("llm", ["lead:split the work", "researcher:research tides", "worker:do p with ctx",
+                                  "worker:do q with ctx"]),
+    }

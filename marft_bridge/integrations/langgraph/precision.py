@@ -99,6 +99,14 @@ def _key_provenance(parent: Task, sub_input: Any) -> dict[str, frozenset[str]] |
     return {k: pv.value_provenance(v, values, pst.prov, parent.deps) for k, v in task_input.items()}
 
 
+def _packet_provenance(st: _LoopState, packet: Any) -> frozenset[str]:
+    """What a ``Send``'s packet carries besides its sender's decision: the provenance of each value
+    in it that a channel holds (by identity; a value the sender computed is its own output)."""
+    items = list(packet.values()) if isinstance(packet, Mapping) else [packet]
+    values = {c: ch.get() for c, ch in st.loop.channels.items() if ch.is_available()}
+    return pv.EMPTY.union(*(pv.value_provenance(v, values, st.prov, pv.EMPTY) for v in items))
+
+
 def _attach(h: CaptureHandler, loop: Any) -> _LoopState | None:
     ns = (loop.config.get("configurable") or {}).get("checkpoint_ns") or ""
     parent = h.state.tasks.get(task_id(ns)) if ns else None
@@ -203,8 +211,8 @@ def _register_tasks(st: _LoopState) -> None:
                 deps = parent.deps if parent is not None else pv.EMPTY
         elif task.path and task.path[0] == _PUSH:
             sent = st.sends.get(id(task.input))
-            deps = sent[1] if sent is not None and sent[0].arg is task.input else pv.EMPTY.union(
-                *(p for _, p in st.sends.values()))
+            deps = sent[1] | _packet_provenance(st, task.input) if sent is not None and sent[0].arg is task.input \
+                else pv.EMPTY.union(*(p for _, p in st.sends.values()))
             reads = (st, task.input, None)
         else:
             node = loop.nodes.get(task.name)
