@@ -229,3 +229,43 @@ def test_a_hand_built_tool_node_step_depends_on_the_asking_call_only(sqlite_stor
         "writer:llm#1": (6, ["researcher:llm#0", "researcher:llm#1", "researcher:tool:lookup#0", "writer:llm#0",
                              "writer:tool:add#0"]),
     }
+
+
+def test_a_tool_call_a_human_edited_records_what_ran_and_the_edit(sqlite_store):
+    """``create_agent`` with ``HumanInTheLoopMiddleware``: one reply asks add, multiply and lookup;
+    the human approves add, edits multiply to (6, 7) and rejects lookup. The multiply step records
+    the arguments it ran with (the model's in ``tool.asked_arguments``) and depends on the review
+    step the edit came through as well as the asking call; the approved add only on the call."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import HumanInTheLoopMiddleware
+    from langchain_core.messages import HumanMessage
+
+    def policy(messages):
+        if not ta.tool_results(messages):
+            return AIMessage("", tool_calls=[ta.call("add", {"a": 2, "b": 3}, messages, 0),
+                                             ta.call("multiply", {"a": 4, "b": 5}, messages, 1),
+                                             ta.call("lookup", {"key": "abc"}, messages, 2)])
+        return AIMessage("got: " + " | ".join(str(m.content) for m in ta.tool_results(messages)))
+
+    review = HumanInTheLoopMiddleware(interrupt_on={"add": True, "multiply": True, "lookup": True})
+    app = mb.instrument(create_agent(ta.ToolCallingModel(policy=policy), [ta.add, ta.multiply, ta.lookup],
+                                     middleware=[review], checkpointer=InMemorySaver()), store=sqlite_store)
+    cfg = {"configurable": {"thread_id": "t1"}}
+    with mb.episode(store=sqlite_store) as ep:
+        app.invoke({"messages": [HumanMessage("compute")]}, cfg)
+        app.invoke(Command(resume={"decisions": [
+            {"type": "approve"}, {"type": "edit", "edited_action": {"name": "multiply", "args": {"a": 6, "b": 7}}},
+            {"type": "reject", "message": "no lookups today"}]}), cfg)
+    sqlite_store.flush()
+    got = sqlite_store.get_episode(ep.id)
+    steps = {a.metadata["tool.name"]: a for a in got.actions if a.kind == "tool"}
+    assert sorted(steps) == ["add", "multiply"]  # the rejected call never ran
+    mult, add = steps["multiply"], steps["add"]
+    assert (mult.output.text, mult.metadata["tool.arguments"], mult.metadata["tool.asked_arguments"]) == (
+        "42", {"a": 6, "b": 7}, {"a": 4, "b": 5})
+    assert mult.observation.messages[0].tool_calls[0]["function"]["arguments"] == '{"a": 6, "b": 7}'
+    assert "tool.asked_arguments" not in add.metadata and add.metadata["tool.arguments"] == {"a": 2, "b": 3}
+    g = graph(got)
+    ask, reviewed = "model:llm#0", "HumanInTheLoopMiddleware.after_model:env#0"
+    assert g["model:tool:add#0"][1] == [ask]
+    assert g["model:tool:multiply#0"][1] == sorted([ask, reviewed])

@@ -126,21 +126,40 @@ def start(task: Task, run_id: UUID, name: str, args: Any, call_id: str | None, a
     if call_id is None and isinstance(args, dict) and isinstance(args.get("tool_call_id"), str):
         call_id = args["tool_call_id"]  # an InjectedToolCallId argument (older LangChain passes injected ones)
     owner = find_owner(run, name, args, call_id)
+    asked = None
     if owner is not None:
-        # The arguments the model asked for (older LangChain reports injected state among the inputs).
         call_id = call_id or owner[2]
         with contextlib.suppress(TypeError, ValueError):
-            args = json.loads(owner[3]) if isinstance(owner[3], str) else args
+            asked = json.loads(owner[3]) if isinstance(owner[3], str) else None
+        args, asked = _executed_arguments(args, asked)
     with run.lock:
         run.new_attempt(task, attempt)
         task.calls += 1
         # A tool step depends on the model call that asked for it: its arguments are what it reads
         # (a ToolNode reading the whole message list reads no more of it). A tool called by hand in
         # a node depends on what the node had seen.
+        # Arguments changed on the way (a human's edit, through the state): also what the node read.
         deps = frozenset((owner[0],)) if owner is not None else run.deps_of(task)
+        if asked is not None:
+            deps |= run.deps_of(task)
     state = run.state
+    tr = _ToolRun(task, name, args, call_id, owner, deps)
+    if asked is not None:
+        tr.extra = {"tool.asked_arguments": asked}
     with state.tools_lock:
-        state.tools[run_id] = _ToolRun(task, name, args, call_id, owner, deps)
+        state.tools[run_id] = tr
+
+
+def _executed_arguments(reported: Any, asked: Any) -> tuple[Any, Any]:
+    """The arguments the tool ran with, and the model's own where they differ (None where not): the
+    model's keys with the values LangChain reports (a human-in-the-loop edit changes them; older
+    LangChain also reports injected state, under keys the model never sent)."""
+    if not isinstance(asked, dict):
+        return (asked if asked is not None else reported), None
+    if not isinstance(reported, dict):
+        return asked, None
+    ran = {k: reported.get(k, v) for k, v in asked.items()}
+    return ran, (asked if ran != asked else None)
 
 
 def _result(output: Any, call_id: str | None) -> tuple[str, dict[str, Any]]:
