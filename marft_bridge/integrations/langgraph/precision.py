@@ -19,7 +19,7 @@ from typing import Any
 from ...capture_errors import capture_error, guarded
 from ..hooks import Hooks, installed_version
 from . import channels as kinds
-from . import futures
+from . import futures, memory
 from . import provenance as pv
 from .callbacks import CAPTURE_HANDLER
 from .runs import CaptureHandler, Task, record_env, task_id
@@ -391,7 +391,8 @@ def _targets(state: Any) -> list[tuple[Any, str, Any]]:
     call = functools.partial(_call, state)
     return [(_loop.PregelLoop, "tick", _tick), (_loop.PregelLoop, "after_tick", _after_tick),
             (_loop.PregelLoop, "accept_push", _accept_push), (_loop.SyncPregelLoop, "__exit__", _exit),
-            (_loop.AsyncPregelLoop, "__aexit__", _aexit), (_runner, "_call", call), (_runner, "_acall", call)]
+            (_loop.AsyncPregelLoop, "__aexit__", _aexit), (_runner, "_call", call), (_runner, "_acall", call),
+            *memory.targets(state)]
 
 
 def hooks(state: Any) -> Hooks:

@@ -37,16 +37,18 @@ RUN: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("marft_langgra
 
 class _Scope:
     """What the runs that join one episode share: recording order (depends_on lists stay in it
-    across runs), each checkpointed thread's history, by (thread_id, checkpoint_ns), and the tool
-    calls its model calls asked for (a tool interrupted in one run runs again in the next)."""
+    across runs), each checkpointed thread's history, by (thread_id, checkpoint_ns), the tool
+    calls its model calls asked for (a tool interrupted in one run runs again in the next) and
+    what its runs put in LangGraph's long-term store."""
 
-    __slots__ = ("lock", "order", "threads", "calls")
+    __slots__ = ("lock", "order", "threads", "calls", "memory")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.order: dict[str, int] = {}
         self.threads: dict[tuple[str, str], Any] = {}
         self.calls = ToolCalls()
+        self.memory: dict[tuple[tuple, str], frozenset[str]] = {}  # long-term store keys (memory.py)
 
 
 class ToolCalls:
@@ -86,6 +88,7 @@ class _Run:
         self.public: dict[str, Task] = {}  # public tier: tasks by checkpoint namespace
         # Tool calls asked for: per episode, so a run resumed after an interrupt finds their owners.
         self.calls = self.scope.calls if self.scope else ToolCalls()
+        self.memory: dict[tuple[tuple, str], frozenset[str]] = self.scope.memory if self.scope else {}
         self.finished = False
 
     def sorted_ids(self, ids: Any) -> list[str]:
