@@ -70,6 +70,38 @@ def test_a_tool_resumed_after_an_interrupt_stays_the_asking_agents(sqlite_store,
     assert (step.output.text, step.metadata["tool_call_id"]) == ("approved 5: yes", e.actions[0].output.tool_calls[0]["id"])
 
 
+def test_tools_resumed_in_an_episode_of_their_own_do_not_depend_on_each_other(sqlite_store):
+    """One reply asks ``approve`` (which interrupts) and ``add``; resumed with the default of one
+    episode per invoke, the asking call is in the first episode: the second's two tool steps depend
+    on nothing of it and not on each other (``add`` ran after ``approve`` ended: timing, not data)."""
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    def pay_and_add(messages):
+        if not ta.tool_results(messages):
+            return AIMessage("", tool_calls=[ta.call("approve", {"amount": 5}, messages, 0),
+                                             ta.call("add", {"a": 2, "b": 3}, messages, 1)])
+        return AIMessage("done")
+
+    model = ta.ToolCallingModel(policy=pay_and_add).bind_tools([approve, add])
+    g = StateGraph(ta.Chat)
+    g.add_node("agent", lambda s: {"messages": [model.invoke(s["messages"])]})
+    g.add_node("tools", ToolNode([approve, add]))  # one task runs both calls
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", tools_condition)
+    g.add_edge("tools", "agent")
+    app = mb.instrument(g.compile(checkpointer=InMemorySaver()), store=sqlite_store)
+    cfg = {"configurable": {"thread_id": "t"}}
+    app.invoke(ta.ask(), cfg)
+    app.invoke(Command(resume="yes"), cfg)
+    g = graph(stored(sqlite_store, app))
+    assert {k: v[1] for k, v in g.items()} == {
+        "tools:tool:approve#0": [], "tools:tool:add#0": [],
+        "agent:llm#0": ["tools:tool:add#0", "tools:tool:approve#0"]}
+
+
 # -- Send into a compiled subgraph whose input schema keeps part of the state -----------------------
 
 

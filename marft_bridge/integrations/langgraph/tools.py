@@ -137,9 +137,11 @@ def start(task: Task, run_id: UUID, name: str, args: Any, call_id: str | None, a
         task.calls += 1
         # A tool step depends on the model call that asked for it: its arguments are what it reads
         # (a ToolNode reading the whole message list reads no more of it). A tool called by hand in
-        # a node depends on what the node had seen.
+        # a node depends on what the node had seen; a tool call whose asking call this episode does
+        # not hold (the reply came in an earlier episode) on the node's inputs, not on its siblings.
         # Arguments changed on the way (a human's edit, through the state): also what the node read.
-        deps = frozenset((owner[0],)) if owner is not None else run.deps_of(task)
+        deps = frozenset((owner[0],)) if owner is not None else task.deps if call_id is not None \
+            else run.deps_of(task)
         if asked is not None:
             deps |= run.deps_of(task)
     state = run.state
