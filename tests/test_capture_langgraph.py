@@ -370,6 +370,39 @@ async def _collect(agen):
     return [c async for c in agen]
 
 
+@pytest.mark.parametrize("how", ["break", "aclose", "cancel"])
+def test_an_astream_the_app_leaves_early_closes_as_without_capture(sqlite_store, caplog, how):
+    """``async for ... break`` inside ``asyncio.run`` (closed by the loop's shutdown), an explicit
+    ``aclose()``, the consumer's task cancelled: the episode is complete, closed early, with the
+    planner's call, and asyncio has no pending task to complain about (capture closes LangGraph's
+    generator as the app's close would have)."""
+    app = mb.instrument(async_chain_app(), store=sqlite_store)
+
+    async def consume():
+        agen = app.astream({"question": "q"})
+        async for _ in agen:
+            if how == "cancel":
+                asyncio.current_task().cancel()
+                await asyncio.sleep(0)
+            break
+        if how == "aclose":
+            await agen.aclose()
+
+    async def main():
+        task = asyncio.ensure_future(consume())
+        try:
+            await task
+        except asyncio.CancelledError:
+            assert how == "cancel"
+
+    with caplog.at_level("ERROR", logger="asyncio"):
+        asyncio.run(main())
+    ep = stored(sqlite_store, app)
+    assert (ep.status, ep.metadata.get("stream_closed_early")) == ("completed", True)
+    assert [a.agent for a in ep.actions] == ["planner"]
+    assert not [r for r in caplog.records if r.name == "asyncio"]
+
+
 def test_stream_and_batch(sqlite_store):
     app = mb.instrument(chain_app(), store=sqlite_store)
     plain = list(chain_app().stream({"question": "q"}, stream_mode="updates"))

@@ -49,6 +49,7 @@ from ..capture_errors import capture_error, guarded
 from ..episode_context import current_episode
 from ..errors import MarftError
 from ..schema import utcnow
+from . import openai as oa
 from . import propagation as prop
 
 # The agent a served request belongs to: messages it sends on are that agent's actions.
@@ -344,6 +345,7 @@ class CaptureExecutor(AgentExecutor):
         self.agent = card if isinstance(card, str) else card.name
         self.store = store
         prop.CALLS.instrument(self)
+        oa.OPENAI.instrument(self)  # the model calls the agent makes are actions of its half
 
     async def cancel(self, context: Any, event_queue: Any) -> None:
         await self.executor.cancel(context, event_queue)

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..capture_errors import guarded
 from ..schema import utcnow
+from . import openai as oa
 from . import propagation as prop
 from .mcp_records import error_text, input_required, result_text, tool_fields
 
@@ -34,6 +35,7 @@ class CaptureMiddleware:
         self.agent = agent
         self.store = store
         prop.CALLS.instrument(self)
+        oa.OPENAI.instrument(self)  # the model calls a tool makes here are actions of the served half
 
     async def __call__(self, ctx: Any, call_next: Any) -> Any:
         if ctx.method != "tools/call":
@@ -169,6 +171,7 @@ def uninstrument_server(server: Any) -> Any:
                 gone = [handler.marft_middleware]
     for m in gone:
         prop.CALLS.uninstrument(m)
+        oa.OPENAI.uninstrument(m)
     return server
 
 

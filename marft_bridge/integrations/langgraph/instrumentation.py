@@ -122,6 +122,7 @@ class _Instrumentation:
                 yield chunk
         except GeneratorExit:
             self.finish(run, chunks, early=True)
+            it.close()  # LangGraph's own generator closes now, as it would without capture
             raise
         except BaseException as e:
             self.finish(run, error=e)
@@ -142,12 +143,17 @@ class _Instrumentation:
                     RUN.reset(token)
                 if keep:
                     chunks.append(chunk)
-                yield chunk
-        except GeneratorExit:
-            self.finish(run, chunks, early=True)
-            raise
+                try:
+                    yield chunk
+                except BaseException:
+                    # Thrown in at the yield: the consumer left (``aclose``, a ``break`` closed at
+                    # the loop's shutdown, its task cancelled). Not the run's failure; LangGraph's
+                    # generator is closed here, as it would be without capture.
+                    self.finish(run, chunks, early=True)
+                    await it.aclose()
+                    raise
         except BaseException as e:
-            self.finish(run, error=e)
+            self.finish(run, error=e)  # no-op after an early close (the run is finished)
             raise
         self.finish(run, chunks)
 
