@@ -155,6 +155,17 @@ def _dump(value: Any) -> Any:
     return value.model_dump() if hasattr(value, "model_dump") else value
 
 
+def _unicode_repaired(value: Any) -> Any:
+    """``value`` with every string made valid Unicode (surrogate pairs joined, lone ones -> U+FFFD)."""
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, dict):
+        return {_unicode_repaired(k): _unicode_repaired(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_unicode_repaired(v) for v in value]
+    return value
+
+
 def _fast_id() -> str:
     # 32 hex digits laid out like a UUIDv7: 48 bits of Unix milliseconds, then 80 random bits.
     # Time-ordered keys land at the end of the store's b-trees, so a commit writes a few pages
@@ -284,7 +295,7 @@ class EpisodeRecorder:
             data["step"] = step if step >= dep_step else dep_step
             data["depends_on"] = deps
             if validate:
-                Action.model_validate(data, context=self._context())  # one pass; raises RecordError-like errors
+                data = self._validated(data)
             if data["id"] in self._index:
                 raise ValueError(f"duplicate action id {data['id']!r}")
             self._actions.append(data)
@@ -292,6 +303,23 @@ class EpisodeRecorder:
             if kind == "tool" and (call_id := data["metadata"].get("tool_call_id")):
                 self._answers[str(call_id)] = data["id"]
             return data["id"]
+
+    def _validated(self, data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` once the record model takes it (one pass; raises the model's errors). Text that
+        is not valid Unicode (a lone surrogate from a decoder's ``surrogateescape``) is repaired,
+        not a reason to lose the action: U+FFFD in its place, said in ``metadata["text_repaired"]``."""
+        from pydantic import ValidationError
+
+        try:
+            Action.model_validate(data, context=self._context())
+            return data
+        except ValidationError as e:
+            if not any(err.get("type") == "string_unicode" for err in e.errors()):
+                raise
+        data = _unicode_repaired(data)
+        data["metadata"]["text_repaired"] = "invalid Unicode (lone surrogates) replaced with U+FFFD"
+        Action.model_validate(data, context=self._context())
+        return data
 
     def reward(
         self,

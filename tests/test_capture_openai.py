@@ -32,7 +32,7 @@ def reply(req: dict) -> dict:
     """A deterministic vLLM-shaped chat completion for ``req``."""
     model = req["model"]
     last = req["messages"][-1]["content"]
-    text = f"{model} answer to {last}"
+    text = f"{model} answer to {last}" if model != "hostile" else "ok \ud800 done"  # a lone surrogate
     seed = sum(map(ord, model)) % 97
     ids = [seed + i for i in range(len(LOGPROBS))]
     choice: dict = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
@@ -46,8 +46,9 @@ def reply(req: dict) -> dict:
         choice["stop_reason"] = None
     if req.get("logprobs"):
         tokens = [f"token_id:{i}" for i in ids] if req.get("return_tokens_as_token_ids") else list("abcd")
+        lps = LOGPROBS if model != "hostile" else [*LOGPROBS[:3], float("nan")]
         choice["logprobs"] = {"content": [{"token": t, "logprob": lp, "bytes": None, "top_logprobs": []}
-                                          for t, lp in zip(tokens, LOGPROBS)]}
+                                          for t, lp in zip(tokens, lps)]}
     if req.get("return_token_ids"):
         choice["token_ids"] = ids if model != "broken" else ids[:2]
         body["prompt_token_ids"] = [1, 2, seed]
@@ -268,6 +269,26 @@ def test_token_ids_from_token_id_strings_and_mismatch_dropped(server, sqlite_sto
     assert b.output.token_ids is None and b.token_source == "retokenize"
     assert b.metadata["token_data_dropped"] == "4 log-probs for 2 token ids"
     assert b.policy.name == "broken" and b.policy.version is None
+
+
+def test_hostile_token_data_and_text_lose_neither_the_action_nor_the_edge(server, sqlite_store):
+    """A NaN log-prob and a lone surrogate in the answer: the app gets them as sent; the action is
+    kept (token data dropped with the reason, the text repaired and said so), and the next call,
+    which quotes the answer's valid part, still depends on it."""
+    _, url = server
+    client = OpenAI(base_url=url, api_key="test", max_retries=0)
+    with mb.episode(store=sqlite_store) as ep:
+        r = client.chat.completions.create(model="hostile", messages=[{"role": "user", "content": "x"}],
+                                           logprobs=True, extra_body={"return_token_ids": True})
+        assert r.choices[0].message.content == "ok \ud800 done"  # untouched for the app
+        assert str(r.choices[0].logprobs.content[3].logprob) == "nan"
+        client.chat.completions.create(model="planner", messages=[{"role": "user", "content": "you said: ok \ufffd done"}])
+    sqlite_store.flush()
+    a, b = sqlite_store.get_episode(ep.id).actions
+    assert a.output.text == "ok \ufffd done" and a.metadata["text_repaired"].startswith("invalid Unicode")
+    assert (a.output.token_ids, a.output.logprobs, a.token_source) == (None, None, "retokenize")
+    assert a.metadata["token_data_dropped"].startswith("log-probs not finite")
+    assert b.depends_on == [a.id]
 
 
 def test_async_client_inside_episode(server, sqlite_store):

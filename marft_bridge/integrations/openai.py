@@ -55,6 +55,7 @@ keyword arguments of ``EpisodeRecorder.record_action``.
 from __future__ import annotations
 
 import contextvars
+import math
 import os
 from datetime import datetime
 from typing import Any
@@ -114,6 +115,8 @@ def token_data(logprobs: Any, token_ids: list[int] | None) -> tuple[list[int] | 
         ids = [int(str(c["token"])[len("token_id:"):]) for c in content]
     if ids is not None and lps is not None and len(ids) != len(lps):
         return None, None, f"{len(lps)} log-probs for {len(ids)} token ids"
+    if lps and not (math.isfinite(sum(lps)) and max(lps) <= 1e-4):  # the record model's rule
+        return None, None, "log-probs not finite or above 0: token data kept out, the text recorded"
     return ids, (lps if ids is not None else None), None
 
 
@@ -228,8 +231,8 @@ def call_fields(path: str | None, request: dict, response: dict) -> dict[str, An
 def _response_dict(result: Any) -> dict | None:
     if hasattr(result, "parse") and hasattr(result, "http_response"):  # with_raw_response
         result = result.parse()
-    if hasattr(result, "model_dump"):
-        return result.model_dump(mode="json")
+    if hasattr(result, "model_dump"):  # quiet: a parse() result's typed field warns when dumped
+        return result.model_dump(mode="json", warnings=False)
     return result if isinstance(result, dict) else None
 
 
