@@ -292,3 +292,46 @@ def test_a_reply_held_for_the_half_is_not_delayed_by_work_after_it(tmp_path):
     got = store.get_episode(caller.id)
     assert [(a.agent, a.depends_on) for a in got.actions] == [("asker", []), ("writer", [call_id])]
     store.close()
+
+
+def test_a_served_agent_calling_the_openai_client_records_that_call_in_its_half(tmp_path, monkeypatch):
+    """An A2A agent with no framework (one raw ``openai`` call per request, in its own process):
+    its model call is an action of its half, between the request it got and its reply."""
+    import os
+    import subprocess
+
+    from agent import send_text
+    from fake_responses import FakeServer
+
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    path = str(tmp_path / "t.db")
+    store = mb.TraceStore.open(path)
+    with FakeServer() as srv:
+        port = team.free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = subprocess.Popen([sys.executable, str(EXAMPLE / "agent.py"), "echo", "--port", str(port), "--store",
+                                 path, "--model-url", srv.url], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            team.wait_ready(url, proc)
+
+            async def ask():
+                client = await cap.connect(url, agent="coordinator")
+                try:
+                    with mb.episode(store=store) as ep:
+                        reply = await send_text(client, "why is the sky blue?")
+                finally:
+                    await client.close()
+                return ep.id, reply
+
+            eid, reply = asyncio.run(ask())
+        finally:
+            team.stop(proc)
+    assert reply == "echo: helper says why is the sky blue?"
+    got = wait_for(store, eid, 4)
+    asked, got_it, model, answered = got.actions
+    assert [(a.agent, a.kind) for a in got.actions] == [
+        ("coordinator", "message"), ("echo", "env"), ("echo/echo-model", "llm"), ("echo", "message")]
+    assert (got_it.depends_on, model.depends_on, answered.depends_on) == ([asked.id], [got_it.id], [model.id])
+    assert model.output.text == "helper says why is the sky blue?"
+    store.close()

@@ -201,3 +201,49 @@ def test_a_result_over_the_record_limit_loses_that_step_only(sqlite_store):
         ("assistant", "llm", "ask"), ("assistant", "tool", "xxx"), ("big", "tool", "xxx")]
     assert capture_stats()["errors"] == 2  # the client's and the server's record of the huge result
     assert sqlite_store.stats()["dead_letters"] == 0
+
+
+def test_a_sampling_callback_calling_a_model_is_one_action(sqlite_store, monkeypatch):
+    """The client's sampling callback answers the server with a real ``openai`` call: one ``llm``
+    action of the asking agent (``mcp.sampling``) holding that call's exact output and model, not a
+    second action of its own."""
+    from langchain_core.messages import HumanMessage
+    from mcp import Client
+    from mcp_types import CreateMessageResult, TextContent
+    from openai import AsyncOpenAI
+
+    from fake_responses import FakeServer
+
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    reset_capture_stats()
+    server = cap.instrument_server(server_mod.build_server(), store=sqlite_store)
+    calls = [{"name": "summarize", "args": {"text": "why is the sky blue?"}, "id": "c2"}]
+    with FakeServer() as srv:
+        model = AsyncOpenAI(base_url=srv.url, api_key="test", max_retries=0)
+
+        async def sampler(context, params):
+            reply = await model.chat.completions.create(
+                model="sampler-model", messages=[{"role": "user", "content": params.messages[-1].content.text}])
+            return CreateMessageResult(role="assistant", model="sampler-model",
+                                       content=TextContent(type="text", text=reply.choices[0].message.content))
+
+        async def go():
+            async with Client(server, sampling_callback=sampler) as client:
+                cap.instrument_client(client, agent="assistant")
+                app = mb.instrument(run_mod.agent_graph(client, calls, "done"), store=sqlite_store)
+                await app.ainvoke({"messages": [HumanMessage("why is the sky blue?")]})
+                return app.last_episode_id
+
+        eid = asyncio.run(go())
+    sqlite_store.flush()
+    assert prop.flush_joins(sqlite_store, timeout=60)
+    ep = sqlite_store.get_episode(eid)
+    llm = [a for a in ep.actions if a.kind == "llm"]
+    sampled = [a for a in llm if a.metadata.get("mcp.sampling")]
+    assert len(sampled) == 1 and not [a for a in llm if a.agent == "sampler-model"]
+    (s,) = sampled
+    assert s.policy.name == "sampler-model" and s.output.text.startswith("helper says ")
+    assert s.metadata["response_id"] == "chatcmpl-1"  # read off the model call's own response
+    asked = next(a for a in llm if a.output.tool_calls)
+    assert asked.id in s.depends_on
+    assert capture_stats()["errors"] == 0

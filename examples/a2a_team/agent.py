@@ -125,6 +125,26 @@ class EchoExecutor(AgentExecutor):
         raise NotImplementedError
 
 
+class OpenAIExecutor(AgentExecutor):
+    """Answers with one raw ``openai`` chat-completions call to ``model_url`` (model ``<name>-model``):
+    an agent with no framework, whose model call capture records in its half as well."""
+
+    def __init__(self, name: str, model_url: str):
+        from openai import AsyncOpenAI
+
+        self.name = name
+        self.client = AsyncOpenAI(base_url=model_url, api_key="local", max_retries=0)
+
+    async def execute(self, context, event_queue):
+        reply = await self.client.chat.completions.create(
+            model=f"{self.name}-model", messages=[{"role": "user", "content": context.get_user_input()}])
+        await event_queue.enqueue_event(new_text_message(f"{self.name}: {reply.choices[0].message.content}",
+                                                         context_id=context.context_id, task_id=context.task_id))
+
+    async def cancel(self, context, event_queue):
+        raise NotImplementedError
+
+
 def card(name: str, port: int) -> AgentCard:
     return AgentCard(
         name=name, description=f"example {name} agent", version="1.0",
@@ -146,10 +166,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--delegate", help="the writer's URL (researcher only)")
     ap.add_argument("--no-capture", action="store_true", help="serve without capture (for benchmarks)")
     ap.add_argument("--delay-ms", type=float, default=0.0, help="echo: reply after this long (for benchmarks)")
+    ap.add_argument("--model-url", help="answer with one raw openai call to this OpenAI-compatible server "
+                                        "(model '<name>-model') instead of the agent's LangGraph app")
     args = ap.parse_args(argv)
     store = mb.TraceStore.open(args.store)
     agent_card = card(args.name, args.port)
-    if args.name == "echo":
+    if args.model_url:
+        inner = OpenAIExecutor(args.name, args.model_url)
+    elif args.name == "echo":
         inner = EchoExecutor(args.delay_ms)
     elif args.name == "writer":
         inner = GraphExecutor(writer_graph(), store)

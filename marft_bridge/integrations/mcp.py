@@ -46,6 +46,7 @@ from typing import Any
 from ..capture_errors import capture_error, guarded
 from ..episode_context import CaptureState, Instrumentor, current_episode
 from ..schema import utcnow
+from . import openai as oa
 from . import propagation as prop
 from .hooks import Hooks, installed_version
 from .mcp_records import block_text, error_text, input_required, jsonable, result_text, tool_fields
@@ -171,10 +172,19 @@ def _sampling_wrapper(orig: Any, agent: str | None) -> Any:
         call = _CALL.get()
         rec = call.step.recorder if call is not None else current_episode()
         started = utcnow()
-        result = await orig(context, params)
+        # The callback's own model call through the openai client is this sampling action (its
+        # exact output, token data and adapter), not an action of its own.
+        sink = oa.RawCall()
+        token = oa.RAW_SINK.set(sink)
+        try:
+            result = await orig(context, params)
+        finally:
+            sink.done = True
+            oa.RAW_SINK.reset(token)
         if rec is not None:
             with guarded("mcp.sampling", rec):
-                aid = _record_sampling(rec, call, agent, params, result, started)
+                aid = _record_sampling(rec, call, agent, params, result, started,
+                                       sink if sink.response is not None else None)
                 if call is not None:
                     call.sampled.append(aid)
         return result
@@ -184,7 +194,7 @@ def _sampling_wrapper(orig: Any, agent: str | None) -> Any:
 
 
 def _record_sampling(rec: Any, call: _ToolCall | None, agent: str | None, params: Any, result: Any,
-                     started: Any) -> str:
+                     started: Any, raw: Any = None) -> str:
     p = jsonable(params)
     msgs = [{"role": "system", "content": p["systemPrompt"]}] if p.get("systemPrompt") else []
     for m in p.get("messages") or []:
@@ -203,6 +213,12 @@ def _record_sampling(rec: Any, call: _ToolCall | None, agent: str | None, params
             fields["policy"] = {"name": str(r["model"])}
     else:
         fields["error"] = str(r.get("message") if isinstance(r, dict) else r)
+    if raw is not None and "error" not in fields:  # what the model call itself returned and ran with
+        exact = oa.call_fields(raw.path, raw.request or {}, raw.response)
+        for k in ("output", "policy", "sampling", "token_source"):
+            if exact.get(k) is not None:
+                fields[k] = exact[k]
+        fields["metadata"] = {**exact.get("metadata", {}), "mcp.sampling": True}
     if call is not None:
         who = call.step.agent or agent or "mcp_client"
         return rec.record_action(who, kind="llm", step=call.step.step, depends_on=call.step.depends_on, **fields)
