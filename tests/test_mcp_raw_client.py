@@ -54,3 +54,40 @@ def test_each_mcp_call_is_the_step_of_the_model_call_that_asked_for_it(sqlite_st
     plan_answer = next(a for a in ep.actions if a.output.text == "planner-mcp result=5")
     assert add.id in plan_answer.depends_on and mul.id not in plan_answer.depends_on
     assert capture_stats()["errors"] == 0
+
+
+def test_a_model_call_a_served_tool_makes_is_the_servers_agent_in_its_half(sqlite_store, monkeypatch):
+    """A served tool answering with its own ``openai`` call: that call is an action of the server's
+    half named ``"<server>/<model>"`` (as an A2A agent's are), between the caller's tool step and
+    the server's own step."""
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    reset_capture_stats()
+
+    async def main(url):
+        client = AsyncOpenAI(base_url=url, api_key="test", max_retries=0)
+        served = mcp_apps.build_server("experts")
+
+        @served.tool()
+        async def ask_expert(question: str) -> str:
+            """Ask the expert model."""
+            r = await client.chat.completions.create(model="expert-model", messages=[{"role": "user", "content": question}])
+            return r.choices[0].message.content
+
+        server = cap.instrument_server(served, store=sqlite_store)
+        async with mcp_apps.session(server) as session:
+            cap.instrument_client(session, agent="lead")
+            with mb.episode(store=sqlite_store) as ep:
+                out = await session.call_tool("ask_expert", {"question": "why blue?"})
+            return ep, cap.result_text(out)[0]
+
+    with FakeServer() as srv:
+        ep, answer = asyncio.run(main(srv.url))
+    assert answer == "helper says why blue?"
+    sqlite_store.flush()
+    assert prop.flush_joins(sqlite_store, timeout=60)
+    got = sqlite_store.get_episode(ep.id)
+    asked, model, served_step = got.actions
+    assert [(a.agent, a.kind) for a in got.actions] == [("lead", "tool"), ("experts/expert-model", "llm"),
+                                                        ("experts", "tool")]
+    assert (model.depends_on, served_step.depends_on) == ([asked.id], [model.id])
+    assert capture_stats()["errors"] == 0

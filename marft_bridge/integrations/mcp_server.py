@@ -47,7 +47,8 @@ class CaptureMiddleware:
             return await call_next(ctx)
         rec = None
         with guarded("mcp.server.open"):
-            rec = prop.callee_recorder(self.store, caller, source="mcp", metadata={"mcp.server": self.agent})
+            rec = prop.callee_recorder(self.store, caller, source="mcp", metadata={"mcp.server": self.agent},
+                                       nest_under=self.agent)
         if rec is None:
             return await call_next(ctx)
         params = ctx.params or {}
