@@ -345,7 +345,6 @@ class CaptureExecutor(AgentExecutor):
         self.agent = card if isinstance(card, str) else card.name
         self.store = store
         prop.CALLS.instrument(self)
-        oa.OPENAI.instrument(self)  # the model calls the agent makes are actions of its half
 
     async def cancel(self, context: Any, event_queue: Any) -> None:
         await self.executor.cancel(context, event_queue)
@@ -359,6 +358,7 @@ class CaptureExecutor(AgentExecutor):
         reply = _Reply()
         tap = _QueueTap(event_queue, reply, hold=rec.store.reply is not None)
         token = _SERVING.set(self.agent)
+        oa.OPENAI.instrument(rec)  # while it serves: the model calls the agent makes are its half's actions
         try:
             with rec.activate():
                 await self.executor.execute(context, tap)
@@ -369,6 +369,8 @@ class CaptureExecutor(AgentExecutor):
                 prop.write_reply_half(rec, None)  # not sent back with a failed request
             await tap.release(rec)
             raise
+        finally:
+            oa.OPENAI.uninstrument(rec)
         _SERVING.reset(token)
         self._close(rec, context, reply, None)
         await tap.release(rec)  # the reply, with this agent's half when the caller asked for it

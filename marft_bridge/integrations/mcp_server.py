@@ -35,7 +35,6 @@ class CaptureMiddleware:
         self.agent = agent
         self.store = store
         prop.CALLS.instrument(self)
-        oa.OPENAI.instrument(self)  # the model calls a tool makes here are actions of the served half
 
     async def __call__(self, ctx: Any, call_next: Any) -> Any:
         if ctx.method != "tools/call":
@@ -55,6 +54,7 @@ class CaptureMiddleware:
         if caller.action_id and (ctx.meta or {}).get(prop.HALF_KEY) == "reply":
             rec.store.reply = []  # the half goes back in the result (see ``_reply_with_half``)
         started, t0 = utcnow(), time.perf_counter()
+        oa.OPENAI.instrument(rec)  # while it serves: the model calls a tool makes are the half's actions
         try:
             with rec.activate():
                 result = await call_next(ctx)
@@ -63,6 +63,8 @@ class CaptureMiddleware:
             with guarded("mcp.server.reply_half", rec):
                 prop.write_reply_half(rec, None)  # no reply to carry it
             raise
+        finally:
+            oa.OPENAI.uninstrument(rec)
         if input_required(result):
             # An intermediate round (the server asks the client's model first): the retried
             # request records the call when it completes.
@@ -172,7 +174,6 @@ def uninstrument_server(server: Any) -> Any:
                 gone = [handler.marft_middleware]
     for m in gone:
         prop.CALLS.uninstrument(m)
-        oa.OPENAI.uninstrument(m)
     return server
 
 
