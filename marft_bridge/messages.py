@@ -28,6 +28,7 @@ This module imports nothing but the standard library: capture, OTel and serving 
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -192,6 +193,7 @@ def chat_output(response: dict) -> dict[str, Any]:
             "finish_reason": choice.get("finish_reason")}
 
 
+@functools.lru_cache(maxsize=4096)  # each call matches every earlier output of its episode again
 def output_forms(text: str) -> tuple[str, ...]:
     """The forms an action's output text may take in a later input: the text itself and, for a
     JSON object or array, its compact and spaced dumps (an app passing a structured output on
@@ -217,17 +219,5 @@ def occurs_in(forms: tuple[str, ...], texts: Any) -> bool:
     return any(f in t for f in forms for t in texts)
 
 
-def referenced_call_ids(messages: list[dict[str, Any]]) -> list[str]:
-    """Tool-call ids a conversation refers to: answered by tool messages or emitted by assistant turns."""
-    ids: list[str] = []
-    for m in messages:
-        if m.get("tool_call_id"):
-            ids.append(str(m["tool_call_id"]))
-        for c in m.get("tool_calls") or ():
-            if isinstance(c, dict) and c.get("id"):
-                ids.append(str(c["id"]))
-    return list(dict.fromkeys(ids))
-
-
 __all__ = ["arguments_json", "chat_message", "chat_output", "chat_tool_choice", "chat_tools", "content_text",
-           "occurs_in", "output_forms", "referenced_call_ids", "responses_messages", "responses_output", "tool_call", "tool_calls"]
+           "occurs_in", "output_forms", "responses_messages", "responses_output", "tool_call", "tool_calls"]

@@ -73,10 +73,13 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from .capture_errors import capture_error, guarded
 from .capture_errors import capture_stats, reset_capture_stats  # noqa: F401 - public here too (README)
 from . import episode_context
 from .episode_context import CURRENT_EPISODE, CaptureState, Instrumentor, current_episode
+from .messages import occurs_in, output_forms
 from .schema import Action, Episode, Observation, Output, Policy, Reward, SamplingParams, utcnow
 
 
@@ -308,8 +311,6 @@ class EpisodeRecorder:
         """``data`` once the record model takes it (one pass; raises the model's errors). Text that
         is not valid Unicode (a lone surrogate from a decoder's ``surrogateescape``) is repaired,
         not a reason to lose the action: U+FFFD in its place, said in ``metadata["text_repaired"]``."""
-        from pydantic import ValidationError
-
         try:
             Action.model_validate(data, context=self._context())
             return data
@@ -403,12 +404,10 @@ class EpisodeRecorder:
 
     def producers_of(self, texts: Any) -> list[str]:
         """Ids of recorded actions whose non-empty output text occurs in one of ``texts`` (message flow)."""
-        from .messages import occurs_in, output_forms
-
         texts = [t for t in texts if t]
         with self._lock:
             outs = [(a["id"], str((a.get("output") or {}).get("text") or "")) for a in self._actions]
-        return [aid for aid, out in outs if out.strip() and occurs_in(output_forms(out), texts)]
+        return [aid for aid, out in outs if occurs_in(output_forms(out), texts)]
 
     def count_error(self, msg: str) -> None:
         """Count a capture error of this episode (``capture_error`` calls it)."""

@@ -26,6 +26,11 @@ log = logging.getLogger("marft_bridge.capture")
 Target = tuple[Any, str, Callable[..., Any]]
 
 
+def arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
+    """A hooked call's argument ``name``, passed at position ``i`` or by keyword."""
+    return args[i] if len(args) > i else kwargs.get(name)
+
+
 def parse_version(v: str) -> tuple[int, ...]:
     """``"1.2.24"`` -> ``(1, 2, 24)``; a pre-release part keeps its leading number (``"2.0rc1"`` -> ``(2, 0)``)."""
     out = []

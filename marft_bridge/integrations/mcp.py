@@ -48,7 +48,7 @@ from ..episode_context import CaptureState, Instrumentor, current_episode
 from ..schema import utcnow
 from . import openai as oa
 from . import propagation as prop
-from .hooks import Hooks, installed_version
+from .hooks import Hooks, arg, installed_version
 from .mcp_records import block_text, error_text, input_required, jsonable, result_text, tool_fields
 from .mcp_server import CaptureMiddleware, instrument_server, uninstrument_server
 
@@ -298,12 +298,9 @@ def supported(v: tuple[int, ...] | None = None) -> bool:
     return v is not None and SUPPORTED[0] <= v < SUPPORTED[1]
 
 
-def _arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
-    return args[i] if len(args) > i else kwargs.get(name)
-
 
 async def _session_call_tool(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    name, arguments = _arg(args, kwargs, 0, "name"), _arg(args, kwargs, 1, "arguments")
+    name, arguments = arg(args, kwargs, 0, "name"), arg(args, kwargs, 1, "arguments")
     rest = {k: v for k, v in kwargs.items() if k not in ("name", "arguments")}
 
     async def call(n: str, a: Any, *more: Any, **kw: Any) -> Any:

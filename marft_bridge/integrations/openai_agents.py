@@ -57,6 +57,7 @@ from datetime import datetime
 from typing import Any
 
 from .. import episode_context
+from .. import messages as msgs
 from ..capture_errors import guarded
 from ..episode_context import CaptureState, Instrumentor
 from ..recording import EpisodeRecorder
@@ -251,7 +252,7 @@ def _tool_text(output: Any) -> str:
         return output
     parts = output if isinstance(output, list) else [output]
     if parts and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in parts):
-        return "".join(p["text"] for p in parts)
+        return msgs.content_text(parts)
     return str(output)
 
 

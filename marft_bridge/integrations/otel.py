@@ -326,9 +326,9 @@ def _deps(n: _Span, fields: dict[str, Any], agent_spans: list[_Span], ancestry: 
             continue  # still running when this one started, or not what the asked tool read
         # parentage: an action of one of this action's agents (not one inside a sibling sub-agent)
         own_agent = next((u.id for u in ancestry[prev.id] if u.kind == "agent"), None)
-        if own_agent in inside or (ptext.strip() and msgs.occurs_in(msgs.output_forms(ptext), texts)):
+        if own_agent in inside or msgs.occurs_in(msgs.output_forms(ptext), texts):
             deps.append(pid)
-    answer = [pid for _, pid, ptext in nested if ptext.strip() and msgs.occurs_in(msgs.output_forms(ptext), [result])]
+    answer = [pid for _, pid, ptext in nested if msgs.occurs_in(msgs.output_forms(ptext), [result])]
     if nested and not answer:
         answer = [max(nested, key=lambda x: x[0].end)[1]]
     return deps + answer

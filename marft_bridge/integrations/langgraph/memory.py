@@ -9,9 +9,11 @@ on ``BaseStore``'s public ``put``/``get``/``search`` and their async forms, pass
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from ...capture_errors import capture_error
+from ...capture_errors import guarded
+from ..hooks import arg
 from .provenance import EMPTY
 from .runs import find_task
 
@@ -25,80 +27,51 @@ def _task(state: Any) -> Any:
     return find_task(state, cfg.get("metadata") or {})
 
 
-def _arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
-    return args[i] if len(args) > i else kwargs.get(name)
-
-
-def _put(state: Any, args: tuple, kwargs: dict) -> None:
+def _put(state: Any, args: tuple, kwargs: dict, out: Any) -> None:
     task = _task(state)
     if task is None:
         return
-    run = task.run
-    key = (tuple(_arg(args, kwargs, 0, "namespace") or ()), str(_arg(args, kwargs, 1, "key")))
-    with run.lock:
+    key = (tuple(arg(args, kwargs, 0, "namespace") or ()), str(arg(args, kwargs, 1, "key")))
+    with task.run.lock:
         # What the task made so far (the model call whose answer it saves), else what it read.
-        run.memory[key] = frozenset(task.actions) or task.deps
+        task.run.memory[key] = frozenset(task.actions) or task.deps
 
 
-def _read(state: Any, items: Any) -> None:
-    if items is None:
-        return
-    task = _task(state)
+def _read(state: Any, args: tuple, kwargs: dict, items: Any) -> None:
+    task = _task(state) if items is not None else None
     if task is None:
         return
-    run = task.run
     found = items if isinstance(items, list) else [items]
-    with run.lock:
-        prov = EMPTY.union(*(run.memory.get((tuple(getattr(i, "namespace", ())), str(getattr(i, "key", ""))), EMPTY)
+    with task.run.lock:
+        memory = task.run.memory
+        prov = EMPTY.union(*(memory.get((tuple(getattr(i, "namespace", ())), str(getattr(i, "key", ""))), EMPTY)
                              for i in found))
         if prov - task.deps:
             task.deps = task.deps | prov
 
 
-def put(state: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    out = wrapped(*args, **kwargs)
-    try:
-        _put(state, args, kwargs)
-    except Exception as e:  # noqa: BLE001 - capture must not break the app
-        capture_error("langgraph.store_put", e)
-    return out
+def _hook(note: Any, where: str, is_async: bool) -> Any:
+    """A pass-through hook calling ``note(state, args, kwargs, result)`` after the store call."""
+    if is_async:
+        async def ahook(state: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+            out = await wrapped(*args, **kwargs)
+            with guarded(where):
+                note(state, args, kwargs, out)
+            return out
+        return ahook
 
-
-async def aput(state: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    out = await wrapped(*args, **kwargs)
-    try:
-        _put(state, args, kwargs)
-    except Exception as e:  # noqa: BLE001
-        capture_error("langgraph.store_put", e)
-    return out
-
-
-def read(state: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    out = wrapped(*args, **kwargs)
-    try:
-        _read(state, out)
-    except Exception as e:  # noqa: BLE001
-        capture_error("langgraph.store_read", e)
-    return out
-
-
-async def aread(state: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    out = await wrapped(*args, **kwargs)
-    try:
-        _read(state, out)
-    except Exception as e:  # noqa: BLE001
-        capture_error("langgraph.store_read", e)
-    return out
+    def hook(state: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        out = wrapped(*args, **kwargs)
+        with guarded(where):
+            note(state, args, kwargs, out)
+        return out
+    return hook
 
 
 def targets(state: Any) -> list[tuple[Any, str, Any]]:
-    import functools
-
     from langgraph.store.base import BaseStore
 
-    def bound(fn: Any) -> Any:
-        return functools.partial(fn, state)
-
-    return [(BaseStore, "put", bound(put)), (BaseStore, "aput", bound(aput)),
-            (BaseStore, "get", bound(read)), (BaseStore, "aget", bound(aread)),
-            (BaseStore, "search", bound(read)), (BaseStore, "asearch", bound(aread))]
+    notes = {"put": (_put, "langgraph.store_put"), "get": (_read, "langgraph.store_read"),
+             "search": (_read, "langgraph.store_read")}
+    return [(BaseStore, prefix + name, functools.partial(_hook(note, where, bool(prefix)), state))
+            for name, (note, where) in notes.items() for prefix in ("", "a")]

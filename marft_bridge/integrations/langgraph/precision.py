@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...capture_errors import capture_error, guarded
-from ..hooks import Hooks, installed_version
+from ..hooks import Hooks, arg, installed_version
 from . import channels as kinds
 from . import futures, memory
 from . import provenance as pv
@@ -99,11 +99,11 @@ def _key_provenance(parent: Task, sub_input: Any) -> dict[str, frozenset[str]] |
     return {k: pv.value_provenance(v, values, pst.prov, parent.deps) for k, v in task_input.items()}
 
 
-def _packet_provenance(st: _LoopState, packet: Any) -> frozenset[str]:
+def _packet_provenance(st: _LoopState, packet: Any, values: dict[str, Any]) -> frozenset[str]:
     """What a ``Send``'s packet carries besides its sender's decision: the provenance of each value
-    in it that a channel holds (by identity; a value the sender computed is its own output)."""
+    in it that a channel holds (``values``: the channels' values; by identity — a value the sender
+    computed is its own output)."""
     items = list(packet.values()) if isinstance(packet, Mapping) else [packet]
-    values = {c: ch.get() for c, ch in st.loop.channels.items() if ch.is_available()}
     return pv.EMPTY.union(*(pv.value_provenance(v, values, st.prov, pv.EMPTY) for v in items))
 
 
@@ -194,6 +194,7 @@ def _new_task(st: _LoopState, task: Any, deps: frozenset[str], internal: bool) -
 
 def _register_tasks(st: _LoopState) -> None:
     loop, parent = st.loop, st.parent
+    values: dict[str, Any] | None = None  # the channels' values, read once for this tick's Send packets
     for task in loop.tasks.values():
         if task.id in st.seen:
             continue
@@ -211,8 +212,12 @@ def _register_tasks(st: _LoopState) -> None:
                 deps = parent.deps if parent is not None else pv.EMPTY
         elif task.path and task.path[0] == _PUSH:
             sent = st.sends.get(id(task.input))
-            deps = sent[1] | _packet_provenance(st, task.input) if sent is not None and sent[0].arg is task.input \
-                else pv.EMPTY.union(*(p for _, p in st.sends.values()))
+            if sent is not None and sent[0].arg is task.input:
+                if values is None:
+                    values = {c: ch.get() for c, ch in loop.channels.items() if ch.is_available()}
+                deps = sent[1] | _packet_provenance(st, task.input, values)
+            else:
+                deps = pv.EMPTY.union(*(p for _, p in st.sends.values()))
             reads = (st, task.input, None)
         else:
             node = loop.nodes.get(task.name)
@@ -311,9 +316,6 @@ def _loop_exited(loop: Any, exc: BaseException | None) -> None:
 # -- the hooks ----------------------------------------------------------------------------------------
 
 
-def _arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
-    return args[i] if len(args) > i else kwargs.get(name)
-
 
 def _tick(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     more = wrapped(*args, **kwargs)
@@ -350,7 +352,7 @@ def _accept_push(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         try:
             st = _state(instance)
             if st is not None:
-                futures.register_pushed(st, _arg(args, kwargs, 0, "task"), pushed)
+                futures.register_pushed(st, arg(args, kwargs, 0, "task"), pushed)
         except Exception as e:  # noqa: BLE001
             capture_error("langgraph.accept_push", e)
     return pushed
@@ -361,7 +363,7 @@ def _exit(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         return wrapped(*args, **kwargs)
     finally:
         with guarded("langgraph.loop_exit"):
-            _loop_exited(instance, _arg(args, kwargs, 1, "exc_value"))
+            _loop_exited(instance, arg(args, kwargs, 1, "exc_value"))
 
 
 async def _aexit(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -369,14 +371,14 @@ async def _aexit(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         return await wrapped(*args, **kwargs)
     finally:
         with guarded("langgraph.loop_exit"):
-            _loop_exited(instance, _arg(args, kwargs, 1, "exc_value"))
+            _loop_exited(instance, arg(args, kwargs, 1, "exc_value"))
 
 
 def _call(state: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """LangGraph's ``@task`` call (``_runner._call`` / ``_acall``), with a future that notes reads."""
     if not state.tasks:
         return wrapped(*args, **kwargs)
-    return futures.tracked_call(state, wrapped, _arg(args, kwargs, 0, "task"), args, kwargs, _chain_future)
+    return futures.tracked_call(state, wrapped, arg(args, kwargs, 0, "task"), args, kwargs, _chain_future)
 
 
 def _chain_future(source: Any, target: Any) -> Any:
