@@ -12,9 +12,10 @@ every episode is written within the timed wall figures; the flush's own share is
 apart. The CPU figures are this process's (all threads); the writer process's own CPU time is
 printed beside them ("writer process cpu"), so nothing it does is hidden. A fourth
 variant captures into a store that discards episodes, to show the capture's own cost apart from
-the SQLite writes; a fifth runs the plain app with a LangChain callback handler that does nothing,
-the share of the capture's cost that is LangChain's own dispatch to any handler (the public tier
-is such a handler). OpenInference exports to an in-memory span exporter. Targets (issue 23): capture +
+the SQLite writes; a fifth runs the plain app with a LangChain callback handler that does nothing:
+what LangChain's own dispatch to any handler costs (the public tier, alone on an unsupported
+LangGraph, is such a handler; with the precision tier the capture reads the handler's events at
+LangChain's callback managers and does not pay it). OpenInference exports to an in-memory span exporter. Targets (issue 23): capture +
 SQLite store at most 25% of plain and at most 0.15 of OpenInference's added time; capture alone at
 most 20% of plain.
 
@@ -223,7 +224,8 @@ def main() -> None:
             print(f"{label}: added by {name:13s} {ours * 1e3:.3f} ms = {ours / med['plain']:.1%} of plain, "
                   f"{ours / theirs:.2f} of OpenInference's{targets.get(name, '')}")
         lc = med["lc_noop_handler"] - med["plain"]
-        print(f"{label}: of which LangChain's dispatch to a no-op handler {lc * 1e3:.3f} ms = {lc / med['plain']:.1%}")
+        print(f"{label}: LangChain's dispatch to a no-op handler (not in the capture's figures) "
+              f"{lc * 1e3:.3f} ms = {lc / med['plain']:.1%}")
         # The store's share of an episode: capture into SQLite minus capture into a discarding store.
         writes = {"ordered ids": "marft_bridge", "random ids": "marft_random_ids"}
         print(f"{label}: store write per episode " + ", ".join(

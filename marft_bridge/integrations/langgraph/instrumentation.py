@@ -1,7 +1,8 @@
 """``instrument(app)`` / ``uninstrument(app)`` / ``capture()``: what the user calls.
 
 Instrumenting wraps the app's ``invoke``/``ainvoke``/``stream``/``astream`` in the instance (the
-class is not touched) and adds the callback handler to each run's config. The capture's state
+class is not touched) and marks each run's config; without the precision tier it also adds the
+callback handler there (with it, ``manager_events`` hands the handler its events). The capture's state
 (``state.LangGraphState``: its registries, the precision tier's hooks when the installed LangGraph
 is supported) is created by the first instrumented app or open ``capture()`` block and dropped,
 every hook removed, with the last (``LANGGRAPH``, whose holders they are; an app garbage-collected
@@ -60,7 +61,9 @@ class _Instrumentation:
         app, orig = self.app, self.originals
 
         def config_for(config: Any, run: _Run) -> dict:
-            return callbacks.with_handler(precision.mark(config, run.handler))
+            cfg = precision.mark(config, run.handler)
+            # With the precision tier's hooks the model calls and tool runs are seen there (model_calls.py).
+            return cfg if run.handler.state.hooks.installed else callbacks.with_handler(cfg)
 
         def invoke(input: Any, config: Any = None, **kw: Any) -> Any:
             if precision.marked(config) or (run := self.start(input)) is None:

@@ -19,7 +19,7 @@ from typing import Any
 from ...capture_errors import capture_error, guarded
 from ..hooks import Hooks, arg, installed_version
 from . import channels as kinds
-from . import futures, memory
+from . import futures, manager_events, memory
 from . import provenance as pv
 from .callbacks import CAPTURE_HANDLER
 from .runs import CaptureHandler, Task, record_env, task_id
@@ -394,7 +394,7 @@ def _targets(state: Any) -> list[tuple[Any, str, Any]]:
     return [(_loop.PregelLoop, "tick", _tick), (_loop.PregelLoop, "after_tick", _after_tick),
             (_loop.PregelLoop, "accept_push", _accept_push), (_loop.SyncPregelLoop, "__exit__", _exit),
             (_loop.AsyncPregelLoop, "__aexit__", _aexit), (_runner, "_call", call), (_runner, "_acall", call),
-            *memory.targets(state)]
+            *memory.targets(state), *manager_events.targets(state)]
 
 
 def hooks(state: Any) -> Hooks:

@@ -1,0 +1,102 @@
+"""The callback handler's events read at LangChain's callback managers, not dispatched to it.
+
+With the precision tier installed an instrumented run's config carries no callback handler. Were it
+there, LangChain would dispatch every run of the graph to it (each node, each channel write, the
+events it ignores included) and check it, on every model call, against its streaming protocol (a
+``typing.Protocol`` check, slow on Python 3.11) — most of what capture cost a plain invoke. Every
+model call and tool run makes its callback manager's events whatever handlers it has, so
+pass-through hooks (``precision._targets``) on the public managers hand the events the handler
+wants straight to it (``callbacks.HANDLER``), with the arguments LangChain would give it:
+
+- ``CallbackManager`` / ``AsyncCallbackManager``: ``on_chat_model_start``, ``on_llm_start``,
+  ``on_tool_start`` (after the manager made its runs: their run ids, its metadata);
+- the run managers they return: ``on_llm_end`` / ``on_llm_error``, ``on_tool_end`` /
+  ``on_tool_error``.
+
+A manager that holds the handler itself (inside ``capture()`` blocks LangChain's configure hook
+adds it to every run; a run configured without the precision tier) dispatches to it as before, so
+nothing is seen twice; with no captured task running (no task registered, no instrumented run in
+this context) the hooks pass the call through untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ...capture_errors import guarded
+from ..hooks import arg
+from . import callbacks
+from .runs import RUN
+
+_STARTS = {"on_chat_model_start": "messages", "on_llm_start": "prompts"}
+
+
+def _listening(state: Any, manager: Any) -> bool:
+    return bool(state.tasks or RUN.get() is not None) and callbacks.HANDLER not in manager.handlers
+
+
+def _rest(kwargs: dict, *names: str) -> dict:
+    return {k: v for k, v in kwargs.items() if k not in names}
+
+
+def _started(event: str, manager: Any, args: tuple, kwargs: dict, runs: Any) -> None:
+    """Hand a start event to the handler for each run the manager made (one per prompt, one tool run)."""
+    h = callbacks.HANDLER
+    serialized = arg(args, kwargs, 0, "serialized")
+    if event == "on_tool_start":
+        rest = _rest(kwargs, "serialized", "input_str", "run_id", "parent_run_id", "inputs")
+        h.on_tool_start(serialized, arg(args, kwargs, 1, "input_str"), run_id=runs.run_id,
+                        metadata=manager.metadata, inputs=arg(args, kwargs, 4, "inputs"), **rest)
+        return
+    rest = _rest(kwargs, "serialized", _STARTS[event], "run_id")
+    for item, run in zip(arg(args, kwargs, 1, _STARTS[event]) or (), runs or ()):
+        getattr(h, event)(serialized, [item], run_id=run.run_id, metadata=manager.metadata, **rest)
+
+
+def _start(event: str, state: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    runs = wrapped(*args, **kwargs)
+    if _listening(state, instance):
+        with guarded("langgraph.manager_start"):
+            _started(event, instance, args, kwargs, runs)
+    return runs
+
+
+async def _astart(event: str, state: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    runs = await wrapped(*args, **kwargs)
+    if _listening(state, instance):
+        with guarded("langgraph.manager_start"):
+            _started(event, instance, args, kwargs, runs)
+    return runs
+
+
+def _ended(event: str, state: Any, run: Any, args: tuple, kwargs: dict) -> None:
+    if (state.calls if event.startswith("on_llm") else state.tools) and _listening(state, run):
+        with guarded("langgraph.manager_end"):
+            name = "error" if event.endswith("error") else "output" if event == "on_tool_end" else "response"
+            getattr(callbacks.HANDLER, event)(arg(args, kwargs, 0, name), run_id=run.run_id)
+
+
+def _end(event: str, state: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    _ended(event, state, instance, args, kwargs)
+    return wrapped(*args, **kwargs)
+
+
+async def _aend(event: str, state: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    _ended(event, state, instance, args, kwargs)
+    return await wrapped(*args, **kwargs)
+
+
+def targets(state: Any) -> list[tuple[Any, str, Any]]:
+    from langchain_core.callbacks import manager as m
+
+    def hooks(owner: Any, events: tuple[str, ...], sync: Any, async_: Any) -> list[tuple[Any, str, Any]]:
+        hook = async_ if owner.__name__.startswith("Async") else sync
+        return [(owner, e, functools.partial(hook, e, state)) for e in events]
+
+    starts = ("on_chat_model_start", "on_llm_start", "on_tool_start")
+    return [*hooks(m.CallbackManager, starts, _start, _astart), *hooks(m.AsyncCallbackManager, starts, _start, _astart),
+            *(t for owner in (m.CallbackManagerForLLMRun, m.AsyncCallbackManagerForLLMRun)
+              for t in hooks(owner, ("on_llm_end", "on_llm_error"), _end, _aend)),
+            *(t for owner in (m.CallbackManagerForToolRun, m.AsyncCallbackManagerForToolRun)
+              for t in hooks(owner, ("on_tool_end", "on_tool_error"), _end, _aend))]
