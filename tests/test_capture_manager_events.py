@@ -133,3 +133,29 @@ def test_async_calls_are_read_at_the_async_managers(sqlite_store):
     ep = stored(sqlite_store, app)
     assert edges(ep) == {"planner@1": ("llm", []), "coder@2": ("llm", ["planner@1"]),
                          "reviewer@3": ("llm", ["coder@2"])}
+
+
+def test_a_call_given_its_own_callbacks_in_a_node_is_still_recorded(sqlite_store):
+    class Counting(BaseCallbackHandler):
+        def __init__(self):
+            self.starts = 0
+
+        def on_chat_model_start(self, *a, **k):
+            self.starts += 1
+
+    mine, first, second = Counting(), fake("own-callbacks reply"), fake("inherited reply")
+
+    def node(s):  # callbacks in the call's config replace the ones the node inherited
+        a = first.invoke(s["messages"], config={"callbacks": [mine]})
+        return {"messages": [a, second.invoke([*s["messages"], a])]}
+
+    g = StateGraph(S)
+    g.add_node("agent", node)
+    g.add_edge(START, "agent")
+    g.add_edge("agent", END)
+    app = mb.instrument(g.compile(), store=sqlite_store)
+    app.invoke({"messages": [HumanMessage("x")]})
+    acts = stored(sqlite_store, app).actions
+    assert mine.starts == 1
+    assert [a.output.text for a in acts] == ["own-callbacks reply", "inherited reply"]  # was: the second only
+    assert acts[0].depends_on == [] and acts[1].depends_on == [acts[0].id]

@@ -87,3 +87,17 @@ def test_a_value_the_node_computed_from_the_subgraph_carries_all_it_handed_back(
     assert captured.invoke({"q": "?"})["post"] == "posted"
     assert edges(sqlite_store, captured)["publisher@4"] == ["editor@3", "planner@1", "team/researcher@2",
                                                             "team/writer@2"]
+
+
+def test_a_model_call_after_a_subgraph_invoked_by_hand_depends_on_what_it_handed_back(sqlite_store):
+    sub, reviewer = team_subgraph(), fake("reviewed")
+
+    def team(s):
+        out = sub.invoke({"plan": s["plan"]})
+        return {"plan": out["plan"], "draft": reviewer.invoke(out["draft"]).content}
+
+    captured = mb.instrument(app(team), store=sqlite_store)
+    assert captured.invoke({"q": "?"})["post"] == "posted"
+    got = edges(sqlite_store, captured)
+    assert got["team@2"] == ["planner@1", "team/researcher@2", "team/writer@2"]  # was: the planner only
+    assert got["editor@3"] == ["planner@1", "team/researcher@2", "team/writer@2", "team@2"]

@@ -61,9 +61,12 @@ class Task:
 
 
 def seen(t: Task) -> frozenset[str]:
-    """What a task's next action starts from: its inputs, its own actions, the results it read."""
+    """What a task's next action starts from: its inputs, its own actions, the results it read and
+    what the graphs it ran (by hand) handed back."""
     deps = t.deps | frozenset(t.actions)
-    return deps.union(*(result(r) for r in t.received)) if t.received else deps
+    if t.received:
+        deps = deps.union(*(result(r) for r in t.received))
+    return deps.union(*(c.output_provenance() for c in t.children)) if t.children else deps
 
 
 def result(t: Task) -> frozenset[str]:
@@ -81,10 +84,8 @@ def task_output(t: Task) -> frozenset[str] | None:
         return t.deps
     if t.pushed:
         return result(t)  # an entrypoint: the results it read and its own model calls
-    if t.children:
-        out = EMPTY.union(*(c.output_provenance() for c in t.children))
-        if out or not t.actions:
-            return out or t.deps
+    if t.children:  # and its own model calls, made on what they handed back
+        return EMPTY.union(frozenset(t.actions), *(c.output_provenance() for c in t.children)) or t.deps
     if not t.actions and t.calls:
         return t.deps  # its calls could not be recorded (counted): pass the inputs on
     if not t.actions:
