@@ -30,6 +30,16 @@ class S(TypedDict, total=False):
     messages: Annotated[list, add_messages]
 
 
+class Counting(BaseCallbackHandler):
+    """An app's own handler: counts the model calls it is told about."""
+
+    def __init__(self):
+        self.starts = 0
+
+    def on_chat_model_start(self, *a, **k):
+        self.starts += 1
+
+
 def _handlers_here() -> list:
     cbs = (var_child_runnable_config.get() or {}).get("callbacks")
     if cbs is None or isinstance(cbs, list):
@@ -106,13 +116,6 @@ def test_tools_and_a_model_call_inside_a_tool_keep_their_edges_without_the_handl
 
 
 def test_the_handler_and_the_manager_hooks_never_both_record(sqlite_store):
-    class Counting(BaseCallbackHandler):
-        def __init__(self):
-            self.starts = 0
-
-        def on_chat_model_start(self, *a, **k):
-            self.starts += 1
-
     app = mb.instrument(chain_app(), store=sqlite_store)
     mine = Counting()
     app.invoke({"question": "q"}, {"callbacks": [mine]})  # the app's own handler still gets every call
@@ -136,13 +139,6 @@ def test_async_calls_are_read_at_the_async_managers(sqlite_store):
 
 
 def test_a_call_given_its_own_callbacks_in_a_node_is_still_recorded(sqlite_store):
-    class Counting(BaseCallbackHandler):
-        def __init__(self):
-            self.starts = 0
-
-        def on_chat_model_start(self, *a, **k):
-            self.starts += 1
-
     mine, first, second = Counting(), fake("own-callbacks reply"), fake("inherited reply")
 
     def node(s):  # callbacks in the call's config replace the ones the node inherited
