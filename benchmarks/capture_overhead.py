@@ -15,8 +15,8 @@ variant captures into a store that discards episodes, to show the capture's own 
 the SQLite writes; a fifth runs the plain app with a LangChain callback handler that does nothing:
 what LangChain's own dispatch to any handler costs (the public tier, alone on an unsupported
 LangGraph, is such a handler; with the precision tier the capture reads the handler's events at
-LangChain's callback managers and does not pay it). OpenInference exports to an in-memory span exporter. Targets (issue 23): capture +
-SQLite store at most 25% of plain and at most 0.15 of OpenInference's added time; capture alone at
+LangChain's callback managers and does not pay it). OpenInference exports to an in-memory span
+exporter. Targets (issue 23): capture + SQLite store at most 25% of plain and at most 0.15 of OpenInference's added time; capture alone at
 most 20% of plain.
 
 "plain" runs with no marft_bridge hook in the process (every instrumented app is uninstrumented for

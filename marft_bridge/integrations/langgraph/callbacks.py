@@ -3,10 +3,10 @@
 Model calls (``on_chat_model_start`` / ``on_llm_start`` / ``on_llm_end`` / ``on_llm_error``) and
 tool executions (``on_tool_start`` / ``on_tool_end`` / ``on_tool_error``) arrive here with the
 run metadata LangGraph sets (``langgraph_checkpoint_ns``, ``langgraph_node``, ``langgraph_step``),
-which names the task they run in. The handler is added per instrumented run (its config's
-``callbacks``) or, inside ``capture()``, through ``langchain_core.tracers.context.
-register_configure_hook``; with no app instrumented and no capture block open LangChain never
-calls it. It is one object (LangChain de-duplicates it when both paths add it; a module-level
+which names the task they run in. Inside ``capture()`` LangChain adds the handler to every run
+(``langchain_core.tracers.context.register_configure_hook``); an instrumented run carries it in its
+config only without the precision tier, which hands it the events at LangChain's callback managers
+instead (``manager_events``); with no app instrumented and no capture block open nothing calls it. It is one object (LangChain de-duplicates it when both paths add it; a module-level
 singleton for that reason) and keeps no state of its own: ``attach(state)`` points it at the
 running capture's ``LangGraphState`` (its calls in flight, its tasks), ``attach(None)`` disarms it.
 """

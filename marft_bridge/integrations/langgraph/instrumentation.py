@@ -62,7 +62,7 @@ class _Instrumentation:
 
         def config_for(config: Any, run: _Run) -> dict:
             cfg = precision.mark(config, run.handler)
-            # With the precision tier's hooks the model calls and tool runs are seen there (model_calls.py).
+            # With the precision tier's hooks the handler's events come from LangChain's managers (manager_events).
             return cfg if run.handler.state.hooks.installed else callbacks.with_handler(cfg)
 
         def invoke(input: Any, config: Any = None, **kw: Any) -> Any:

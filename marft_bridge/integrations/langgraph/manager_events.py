@@ -27,13 +27,14 @@ from typing import Any
 from ...capture_errors import guarded
 from ..hooks import arg
 from . import callbacks
-from .runs import RUN
 
+# The argument each event hands over per run: a start's list (one run per item), an end's result.
 _STARTS = {"on_chat_model_start": "messages", "on_llm_start": "prompts"}
+_ENDS = {"on_llm_end": "response", "on_llm_error": "error", "on_tool_end": "output", "on_tool_error": "error"}
 
 
 def _listening(state: Any, manager: Any) -> bool:
-    return bool(state.tasks or RUN.get() is not None) and callbacks.HANDLER not in manager.handlers
+    return state.capturing() and callbacks.HANDLER not in manager.handlers
 
 
 def _rest(kwargs: dict, *names: str) -> dict:
@@ -73,8 +74,7 @@ async def _astart(event: str, state: Any, wrapped: Any, instance: Any, args: tup
 def _ended(event: str, state: Any, run: Any, args: tuple, kwargs: dict) -> None:
     if (state.calls if event.startswith("on_llm") else state.tools) and _listening(state, run):
         with guarded("langgraph.manager_end"):
-            name = "error" if event.endswith("error") else "output" if event == "on_tool_end" else "response"
-            getattr(callbacks.HANDLER, event)(arg(args, kwargs, 0, name), run_id=run.run_id)
+            getattr(callbacks.HANDLER, event)(arg(args, kwargs, 0, _ENDS[event]), run_id=run.run_id)
 
 
 def _end(event: str, state: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -90,13 +90,9 @@ async def _aend(event: str, state: Any, wrapped: Any, instance: Any, args: tuple
 def targets(state: Any) -> list[tuple[Any, str, Any]]:
     from langchain_core.callbacks import manager as m
 
-    def hooks(owner: Any, events: tuple[str, ...], sync: Any, async_: Any) -> list[tuple[Any, str, Any]]:
-        hook = async_ if owner.__name__.startswith("Async") else sync
-        return [(owner, e, functools.partial(hook, e, state)) for e in events]
-
-    starts = ("on_chat_model_start", "on_llm_start", "on_tool_start")
-    return [*hooks(m.CallbackManager, starts, _start, _astart), *hooks(m.AsyncCallbackManager, starts, _start, _astart),
-            *(t for owner in (m.CallbackManagerForLLMRun, m.AsyncCallbackManagerForLLMRun)
-              for t in hooks(owner, ("on_llm_end", "on_llm_error"), _end, _aend)),
-            *(t for owner in (m.CallbackManagerForToolRun, m.AsyncCallbackManagerForToolRun)
-              for t in hooks(owner, ("on_tool_end", "on_tool_error"), _end, _aend))]
+    starts = (*_STARTS, "on_tool_start")
+    llm_ends, tool_ends = ("on_llm_end", "on_llm_error"), ("on_tool_end", "on_tool_error")
+    owners = [(m.CallbackManager, starts, _start), (m.AsyncCallbackManager, starts, _astart),
+              (m.CallbackManagerForLLMRun, llm_ends, _end), (m.AsyncCallbackManagerForLLMRun, llm_ends, _aend),
+              (m.CallbackManagerForToolRun, tool_ends, _end), (m.AsyncCallbackManagerForToolRun, tool_ends, _aend)]
+    return [(owner, e, functools.partial(hook, e, state)) for owner, events, hook in owners for e in events]

@@ -62,8 +62,13 @@ class LangGraphState(CaptureState):
 
     # -- what other integrations see: the running task ---------------------------------------------
 
+    def capturing(self) -> bool:
+        """Whether a captured task may be running here: one is registered, or this context runs an
+        instrumented app (the public tier finds its tasks from run metadata)."""
+        return bool(self.tasks) or RUN.get() is not None
+
     def task(self) -> Task | None:
-        if not self.tasks and RUN.get() is None:
+        if not self.capturing():
             return None
         from langchain_core.runnables.config import var_child_runnable_config
 
