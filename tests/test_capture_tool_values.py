@@ -1,18 +1,21 @@
 """What a tool node writes, value by value: a channel written from one tool's ``Command(update=...)``
 carries that tool step only, the messages carry the steps whose ToolMessages they are, and a model
-call made inside a tool is a source of that tool's step and of what it returned."""
+call made inside a tool is a source of that tool's step and of what it returned. A tool handed
+graph state (``InjectedState``, ``ToolRuntime``) depends on what its node read."""
 
 from __future__ import annotations
 
 from typing import Annotated, TypedDict
 
+import langgraph.prebuilt
+import pytest
 import tool_apps as ta
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
-from langgraph.prebuilt import ToolNode, tools_condition
+from langgraph.prebuilt import InjectedState, ToolNode, tools_condition
 from langgraph.types import Command
 
 from test_capture_tools import labels
@@ -109,3 +112,75 @@ def test_each_value_a_tool_node_writes_carries_the_tool_step_that_returned_it(sq
         # the messages: every ToolMessage with what made it, research's inner model call included
         "auditor:llm#0": sorted(["greeter:llm#0", asked, *tool_steps, "tools:llm#0", "assistant:llm#1"]),
     }
+
+
+@tool
+def read_notes(topic: str, notes: Annotated[str, InjectedState("notes")]) -> str:
+    """Read the team's notes on a topic."""
+    return f"{topic}: {notes}"
+
+
+@tool
+def stamp(label: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> str:
+    """Stamp a label (handed the call's id only)."""
+    return f"{label}/{tool_call_id}"
+
+
+class Notes(TypedDict, total=False):
+    messages: Annotated[list, add_messages]
+    notes: str
+
+
+def notes_app(tools):
+    """A planner writes ``notes`` beside the assistant's first call; the assistant never reads them,
+    but a tool it calls is handed them by the tool node."""
+    def ask(messages):
+        if ta.tool_results(messages):
+            return AIMessage("got " + " | ".join(m.content for m in messages if m.type == "tool"))
+        return AIMessage("", tool_calls=[ta.call(t.name, {next(iter(t.tool_call_schema.model_fields)): "x"},
+                                                 messages, i) for i, t in enumerate(tools)])
+
+    model = ta.ToolCallingModel(policy=ask).bind_tools(tools)
+    planner = FakeListChatModel(responses=["NOTE-XYZ"] * 5)
+    g = StateGraph(Notes)
+    g.add_node("plan", lambda s: {"notes": planner.invoke("plan").content})
+    g.add_node("assistant", lambda s: {"messages": [model.invoke(s["messages"])]}, input_schema=MessagesIn)
+    g.add_node("tools", ToolNode(tools))
+    g.add_edge(START, "plan")
+    g.add_edge(START, "assistant")
+    g.add_edge("plan", END)
+    g.add_conditional_edges("assistant", tools_condition)
+    g.add_edge("tools", "assistant")
+    return g.compile()
+
+
+def test_a_tool_handed_graph_state_depends_on_what_its_node_read(sqlite_store):
+    captured = mb.instrument(notes_app([read_notes, stamp]), store=sqlite_store)
+    out = captured.invoke({"messages": [HumanMessage("what do the notes say?")]})
+    assert "x: NOTE-XYZ" in out["messages"][-1].content  # the planner's notes reached the answer
+    steps = ["assistant:tool:read_notes#0", "assistant:tool:stamp#0"]
+    assert graph(sqlite_store, captured) == {
+        "assistant:llm#0": [],
+        "plan:llm#0": [],
+        # handed the notes (InjectedState): what the tool node read, the planner's call with it
+        "assistant:tool:read_notes#0": ["assistant:llm#0", "plan:llm#0"],
+        # handed its call's id only: the call that asked for it, as any tool
+        "assistant:tool:stamp#0": ["assistant:llm#0"],
+        "assistant:llm#1": ["assistant:llm#0", *steps],
+    }
+
+
+ToolRuntime = getattr(langgraph.prebuilt, "ToolRuntime", None)  # not in every langgraph-prebuilt 1.x
+
+
+def read_runtime(topic: str, runtime: ToolRuntime) -> str:
+    """Read the notes from the tool's runtime."""
+    return f"{topic}: {runtime.state['notes']}"
+
+
+@pytest.mark.skipif(ToolRuntime is None, reason="this langgraph-prebuilt has no ToolRuntime")
+def test_a_tool_handed_a_tool_runtime_reads_the_state_too(sqlite_store):
+    captured = mb.instrument(notes_app([tool(read_runtime)]), store=sqlite_store)
+    out = captured.invoke({"messages": [HumanMessage("what do the notes say?")]})
+    assert "x: NOTE-XYZ" in out["messages"][-1].content
+    assert graph(sqlite_store, captured)["assistant:tool:read_runtime#0"] == ["assistant:llm#0", "plan:llm#0"]

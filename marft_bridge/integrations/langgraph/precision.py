@@ -19,7 +19,7 @@ from typing import Any
 from ...capture_errors import capture_error, guarded
 from ..hooks import Hooks, arg, installed_version
 from . import channels as kinds
-from . import futures, manager_events, memory
+from . import futures, manager_events, memory, tools
 from . import provenance as pv
 from .callbacks import CAPTURE_HANDLER
 from .runs import CaptureHandler, Task, record_env, task_id
@@ -227,6 +227,8 @@ def _register_tasks(st: _LoopState) -> None:
             reads = (st, task.input, chans)
         t = st.run.state.tasks[task.id] = _new_task(st, task, deps, internal)
         t.reads = reads
+        if not internal:
+            t.state_tools = tools.state_readers(getattr(loop.nodes.get(task.name), "bound", None))
         if resumed is not None and task.writes:
             t.actions.extend(resumed[1])  # it had finished: its saved writes come back, it does not run again
         st.run.task_ids.append(task.id)

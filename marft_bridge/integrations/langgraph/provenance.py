@@ -31,7 +31,7 @@ class Task:
     """One task of a captured run: agent, step, inputs' provenance and the actions it recorded."""
 
     __slots__ = ("id", "run", "agent", "node", "step", "lg_steps", "ns", "deps", "actions", "children", "internal",
-                 "calls", "started", "pushed", "pusher", "received", "reads", "attempt", "handed")
+                 "calls", "started", "pushed", "pusher", "received", "reads", "attempt", "handed", "state_tools")
 
     def __init__(self, id: str, run: Any, agent: str, node: str, step: int | None, lg_steps: list[int], ns: str,
                  deps: frozenset[str], internal: bool = False):
@@ -58,6 +58,8 @@ class Task:
         # What its tool steps returned (a ToolMessage, a Command's update values): id -> (value, the
         # actions that made it), so each value it writes carries those (``written``). None: no tool step.
         self.handed: dict[int, tuple[Any, frozenset[str]]] | None = None
+        # The tools of its node (a tool node) that are handed graph state (``tools.state_readers``).
+        self.state_tools: frozenset[str] = EMPTY
 
 
 def seen(t: Task) -> frozenset[str]:

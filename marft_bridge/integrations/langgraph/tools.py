@@ -10,7 +10,8 @@ assistant tool call (``{"id", "type": "function", "function": {"name", "argument
 The step is an action of the agent whose model call asked for it (matched by ``tool_call_id``,
 else by name and arguments, among the calls of every run of the episode: a tool interrupted by
 ``interrupt()`` runs again in the resuming run), depends on that model call only (its arguments
-are what it reads, whatever state the tool node was handed), and is one of the running task's
+are what it reads, whatever state the tool node was handed; a tool handed graph state too, through
+``InjectedState`` or a ``ToolRuntime``, also depends on what its node read), and is one of the running task's
 actions, so the task's writes (the ToolMessage) carry it to the agent's next model call: each value
 the task writes carries the step that returned it (``provenance.hand_on`` / ``written``: its
 ToolMessage, a ``Command``'s update values), the task's other writes (its trigger) all its steps. A
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 from uuid import UUID
@@ -144,12 +146,49 @@ def start(task: Task, run_id: UUID, name: str, args: Any, call_id: str | None, a
             else run.deps_of(task)
         if asked is not None:
             deps |= run.deps_of(task)
+        elif owner is not None and name in task.state_tools:
+            deps |= task.deps  # the state it was handed: its node's inputs (not its siblings' results)
     state = run.state
     tr = _ToolRun(task, name, args, call_id, owner, deps)
     if asked is not None:
         tr.extra = {"tool.asked_arguments": asked}
     with state.tools_lock:
         state.tools[run_id] = tr
+
+
+_STATE_READERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tool node -> its names
+
+
+def state_readers(node: Any) -> frozenset[str]:
+    """The tools of a tool node (a runnable with ``tools_by_name``: LangGraph's ``ToolNode``, also in
+    ``create_agent``) that are handed graph state: an argument the model does not send
+    (``InjectedState``, ``ToolRuntime``), other than the call's id and the long-term store (memory.py
+    records what is read from it). Worked out once per node."""
+    by_name = getattr(node, "tools_by_name", None)
+    if not isinstance(by_name, dict):
+        return frozenset()
+    with contextlib.suppress(KeyError, TypeError):
+        return _STATE_READERS[node]
+    names = frozenset(n for n, t in by_name.items() if _handed_state(t))
+    with contextlib.suppress(TypeError):  # a node that takes no weak reference is worked out every time
+        _STATE_READERS[node] = names
+    return names
+
+
+def _handed_state(tool: Any) -> bool:
+    try:
+        from langchain_core.tools import InjectedToolCallId
+        from langgraph.prebuilt import InjectedStore
+
+        fields = tool.get_input_schema().model_fields
+        sent = tool.tool_call_schema.model_fields
+    except Exception:  # noqa: BLE001 - a tool whose schema is not a pydantic model takes no injected argument
+        return False
+
+    def other(mark: Any) -> bool:
+        return mark is InjectedToolCallId or isinstance(mark, (InjectedToolCallId, InjectedStore))
+
+    return any(n not in sent and not any(other(m) for m in f.metadata) for n, f in fields.items())
 
 
 def _executed_arguments(reported: Any, asked: Any) -> tuple[Any, Any]:
