@@ -36,6 +36,8 @@ class AdapterInfo(BaseModel):
     path: str
     rank: int
     alpha: float
+    scale: float  # what peft multiplies the LoRA output by: alpha / r, or alpha / sqrt(r) with use_rslora
+    delta_bound: float  # an upper bound of |scale * B @ A| over every module's entries, in float64
     target_modules: tuple[str, ...]
     base_model: str | None
     # module path -> (in_features, out_features) implied by the lora_A / lora_B shapes
@@ -124,7 +126,7 @@ def inspect_adapter(path: str | Path, weights: dict | None = None, config: dict 
     if config.get("rank_pattern") or config.get("alpha_pattern"):
         raise AdapterError(f"{path}: per-module rank_pattern/alpha_pattern is not supported")
     rank = config.get("r")
-    if not isinstance(rank, int) or rank < 1:
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         raise AdapterError(f"{path}: rank r={rank!r} must be a positive integer")
     targets = config.get("target_modules")
     if isinstance(targets, str):
@@ -135,6 +137,7 @@ def inspect_adapter(path: str | Path, weights: dict | None = None, config: dict 
     if weights is None:
         weights = load_weights(path, data)
     shapes: dict[str, dict[str, tuple[int, int]]] = {}
+    amax: dict[str, float] = {}  # tensor key -> its largest |entry|
     for key, tensor in weights.items():
         m = _KEY.match(key)
         if m is None:
@@ -144,6 +147,7 @@ def inspect_adapter(path: str | Path, weights: dict | None = None, config: dict 
         if not bool(tensor.float().isfinite().all()):
             raise AdapterError(f"{path}: tensor {key} holds NaN or infinite values")
         shapes.setdefault(m["module"], {})[m["ab"]] = tuple(tensor.shape)
+        amax[key] = float(tensor.double().abs().max()) if tensor.numel() else 0.0
     if not shapes:
         raise AdapterError(f"{path}: {WEIGHTS_FILE} holds no LoRA weights")
 
@@ -161,17 +165,56 @@ def inspect_adapter(path: str | Path, weights: dict | None = None, config: dict 
         modules[module] = (in_features, out_features)
 
     alpha = config.get("lora_alpha", rank)
-    if not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
-        raise AdapterError(f"{path}: lora_alpha {alpha!r} is not a number")
-    return AdapterInfo(
+    try:  # a bool is an int to Python, not a number here; a huge JSON int does not fit a float
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(float(alpha)):
+            raise OverflowError
+    except OverflowError:
+        raise AdapterError(f"{path}: lora_alpha {alpha!r} is not a finite number") from None
+    scale = float(alpha) / (math.sqrt(rank) if config.get("use_rslora") else rank)
+    # |(B @ A)[i, j]| <= r * max|A| * max|B|: finite here means no weight delta can overflow.
+    bound = max(abs(scale) * rank * amax[f"base_model.model.{m}.lora_A.weight"]
+                * amax[f"base_model.model.{m}.lora_B.weight"] for m in modules)
+    lora_config(path, config)  # what the engine builds from this config: refused now, not at load
+    info = AdapterInfo(
         path=str(path),
         rank=rank,
         alpha=float(alpha),
+        scale=scale,
+        delta_bound=bound,
         target_modules=tuple(sorted(targets)),
         base_model=config.get("base_model_name_or_path"),
         modules=modules,
         config=config,
     )
+    # float32 is the widest range the server runs (bfloat16 has the same); the engine checks its own dtype.
+    check_range(info)
+    return info
+
+
+def check_range(info: AdapterInfo, dtype=None) -> None:
+    """Refuse an adapter whose scale or weight delta would overflow ``dtype`` (default float32) and
+    turn every output it touches into inf/NaN."""
+    import torch
+
+    dtype = dtype or torch.float32
+    limit = torch.finfo(dtype).max
+    if not abs(info.scale) <= limit:
+        raise AdapterError(f"{info.path}: LoRA scale lora_alpha/r = {info.scale:g} overflows {dtype} (max {limit:g})")
+    if not info.delta_bound <= limit:
+        raise AdapterError(f"{info.path}: LoRA weight delta (scale * r * max|A| * max|B| = {info.delta_bound:g}) "
+                           f"overflows {dtype} (max {limit:g})")
+
+
+def lora_config(path: str | Path, config: dict):
+    """The peft ``LoraConfig`` the engine loads ``config`` with (as ``LoraConfig.from_pretrained``
+    builds it); ``AdapterError`` with peft's message when peft refuses it."""
+    from peft import LoraConfig
+
+    try:
+        return LoraConfig.from_peft_type(**LoraConfig.check_kwargs(
+            **{k: v for k, v in config.items() if k != "runtime_config"}))
+    except Exception as e:  # noqa: BLE001 - ValueError, TypeError, ImportError (loftq needs scipy), ...
+        raise AdapterError(f"{path}: peft refuses {CONFIG_FILE} ({type(e).__name__}: {e})") from None
 
 
 def base_fingerprint(model_dir: str | Path) -> str | None:
@@ -195,11 +238,14 @@ def check_against_base(
     base_fp: str | None,
     adapter_fp: str | None,
     max_rank: int,
+    dtype=None,
 ) -> None:
-    """Refuse an adapter that was not trained for this base or exceeds the server's rank limit.
+    """Refuse an adapter that was not trained for this base, exceeds the server's rank limit or
+    would overflow the base's ``dtype`` (default float32).
 
     ``base_modules`` maps module paths of the served base model to (in_features, out_features).
     """
+    check_range(info, dtype)
     if info.rank > max_rank:
         raise AdapterError(f"{info.path}: rank {info.rank} exceeds the server's --max-lora-rank {max_rank}")
     if adapter_fp is not None and base_fp is not None and adapter_fp != base_fp:

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from ..errors import MarftError
 from .adapter_files import (AdapterError, base_fingerprint, check_against_base, inspect_adapter, load_weights,
-                            read_config, read_weights)
+                            lora_config, read_config, read_weights)
 from .adapter_slots import AdapterSlots, Slot
 from .batching import Batch, Row, RowState
 from .engine_types import (DEFAULT_MAX_QUEUED, MAX_SEED, GenerationRequest, GenerationResult, QueueFull, RequestError,
@@ -139,16 +139,14 @@ class AdapterEngine:
             base_fp=self._base_fp,
             adapter_fp=adapter_fp,
             max_rank=self.max_lora_rank,
+            dtype=self._base.dtype,
         )
         if name in self._slots.routes and not load_inplace:
             raise AdapterError(f"adapter {name!r} is already loaded; pass load_inplace=true to replace it")
         if manifest is not None:
             self.registry.check_files(path, data, config_data, manifest)
-        from peft import LoraConfig
-
         # From the bytes checked above, as LoraConfig.from_pretrained builds it from the file.
-        config = LoraConfig.from_peft_type(**LoraConfig.check_kwargs(
-            **{k: v for k, v in config_dict.items() if k != "runtime_config"}))
+        config = lora_config(path, config_dict)
         return self._between_steps(lambda: self._slots.load(name, str(path), version, load_inplace, config, weights))
 
     def load_current(self) -> dict[str, str]:
@@ -162,8 +160,10 @@ class AdapterEngine:
             try:
                 self.load_adapter(agent, self.registry.path(agent, version), load_inplace=True)
                 report[agent] = f"v{version}"
-            except MarftError as e:
-                report[agent] = f"skipped v{version}: {e}"
+            except Exception as e:  # noqa: BLE001 - even an unforeseen fault stays with its agent
+                reason = str(e) if isinstance(e, MarftError) else f"{type(e).__name__}: {e}"
+                log.error("not serving %s v%s: %s", agent, version, reason)
+                report[agent] = f"skipped v{version}: {reason}"
         return report
 
     def unload_adapter(self, name: str) -> None:

@@ -12,7 +12,7 @@ from starlette.requests import ClientDisconnect, Request
 from ..chat_template import template_tool
 from .api_errors import APIError, client_gone, validation_error
 from .engine_types import GenerationRequest
-from .requests import ChatRequest, CompletionRequest, SamplingBody, template_messages
+from .requests import ChatRequest, CompletionRequest, MessageError, SamplingBody, template_messages
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -70,10 +70,16 @@ def chat_prompt(tokenizer, body: ChatRequest) -> list[int]:
 
     kwargs = {"tools": [template_tool(t.model_dump()) for t in body.tools]} if body.tools else {}
     try:
-        out = tokenizer.apply_chat_template(template_messages(body.messages), add_generation_prompt=True,
-                                            tokenize=True, **kwargs)
+        messages = template_messages(body.messages)
+    except MessageError as e:
+        raise APIError(400, str(e), "invalid_request_error", e.param) from None
+    try:
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs)
     except (jinja2.TemplateError, ValueError) as e:  # the template refused these messages
         raise APIError(400, f"messages do not fit the chat template: {e}", "invalid_request_error", "messages") from None
+    except RecursionError:  # deeply nested tool-call arguments or tool parameters, rendered recursively
+        raise APIError(400, "messages or tools are nested too deeply for the chat template",
+                       "invalid_request_error", "messages") from None
     return list(out["input_ids"])
 
 

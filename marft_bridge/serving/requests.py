@@ -201,23 +201,35 @@ class UnloadAdapterRequest(_Strict):
     lora_name: str = Field(min_length=1, max_length=256)
 
 
+class MessageError(ValueError):
+    """A message that validates but cannot be rendered; ``param`` is the field's path."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
 def template_messages(messages: list) -> list[dict]:
     """The messages as Hugging Face chat templates take them: text content, ``developer`` as
     ``system``, tool-call arguments as objects (templates write them with ``tojson``, as vLLM
-    passes them), tool results with their ``tool_call_id`` and the called function's name."""
+    passes them), tool results with their ``tool_call_id`` and the called function's name.
+    Raises ``MessageError`` for arguments nested too deeply to parse."""
     import json
 
     names: dict[str, str] = {}
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         d = {"role": "system" if m.role == "developer" else m.role, "content": text_of(m.content)}
         if isinstance(m, AssistantMessage) and m.tool_calls:
             calls = []
-            for c in m.tool_calls:
+            for j, c in enumerate(m.tool_calls):
                 try:
                     args = json.loads(c.function.arguments)
                 except ValueError:
                     args = c.function.arguments
+                except RecursionError:  # a refusal, not a 500; the recursion limit stays as it is
+                    raise MessageError("tool call arguments are nested too deeply to parse",
+                                       f"messages.{i}.tool_calls.{j}.function.arguments") from None
                 names[c.id] = c.function.name
                 calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
             d["tool_calls"] = calls
