@@ -48,6 +48,7 @@ from typing import Any
 
 from .. import messages as msgs
 from ..capture_errors import capture_error, guarded
+from ..errors import RecordError
 from ..schema import Episode, as_record_error
 from .otel_emit import SAMPLING_ATTRS as _SAMPLING
 from .otel_emit import SpanEmitter
@@ -92,7 +93,12 @@ class _Span:
         self.start = span.start_time or 0
         self.end = span.end_time or self.start
         self.attrs = _attrs(span)
-        self.meta = _loads(self.attrs.get("metadata")) or {}
+        try:
+            self.meta = _loads(self.attrs.get("metadata")) or {}
+        except RecursionError:
+            # Too deep to parse: refused (the trace dead-lettered), as a too-deep record field is.
+            raise RecordError(None, "metadata", f"span {self.id:016x}: JSON nested too deep to read (far past "
+                              "the max_depth limit)") from None
         if not isinstance(self.meta, dict):
             self.meta = {}
         a = self.attrs
@@ -215,23 +221,38 @@ def _fields(s: _Span) -> dict[str, Any]:
 def spans_to_episode(spans: Iterable[Any], source: str = "otel", episode_id: str | None = None,
                      limits: Any = None) -> Episode:
     """Turn the spans of one trace (``ReadableSpan``s, any order) into an Episode, validated under
-    ``limits`` (the store's ``RecordLimits``; default: the defaults)."""
+    ``limits`` (the store's ``RecordLimits``; default: the defaults).
+
+    Parent ids that loop (a span its own parent, A -> B -> A): with no span outside the loop to be
+    the root there is no episode (``ValueError``; the collectors dead-letter the trace). Beside a
+    real root, each looping span's ancestry is cut where it comes back to a span already on it and
+    the span is kept, as one whose parent is missing is (this loses least: nothing is left out); the
+    loop is counted (``capture_stats()`` under ``otel.parent_loop``; the episode's
+    ``metadata["last_capture_error"]``)."""
     from ..recording import EpisodeRecorder
 
     nodes = [_Span(s) for s in spans]
     if not nodes:
         raise ValueError("no spans")
     by_id = {n.id: n for n in nodes}
-    root = min((n for n in nodes if n.parent_id not in by_id), key=lambda n: n.start)
+    roots = [n for n in nodes if n.parent_id not in by_id]
+    if not roots:
+        raise ValueError("no root span: the parent chain of every span loops back on itself")
+    root = min(roots, key=lambda n: n.start)
     trace_id = format(root.raw.context.trace_id, "032x")
     own_episode = next((n.attrs["marft.episode.id"] for n in nodes if "marft.episode.id" in n.attrs), None)
 
     ancestry: dict[int, list[_Span]] = {}
+    looped: list[int] = []  # spans whose parent chain comes back to itself
     for n in nodes:
-        out, p = [], by_id.get(n.parent_id)
-        while p is not None:
+        # Stop at a span already on the chain: looping parent ids would otherwise never end.
+        out, seen, p = [], {n.id}, by_id.get(n.parent_id)
+        while p is not None and p.id not in seen:
             out.append(p)
+            seen.add(p.id)
             p = by_id.get(p.parent_id)
+        if p is not None:
+            looped.append(n.id)
         ancestry[n.id] = out
     # Node spans with no model/tool call below them are environment steps (OpenInference shows them).
     busy = {u.id for n in nodes if n.kind in ("llm", "tool") for u in ancestry[n.id]}
@@ -249,6 +270,10 @@ def spans_to_episode(spans: Iterable[Any], source: str = "otel", episode_id: str
 
     rec = EpisodeRecorder(None, task=task, source=source, episode_id=episode_id or own_episode or trace_id,
                           metadata={"trace_id": trace_id}, limits=limits)
+    if looped:
+        capture_error("otel.parent_loop", ValueError(
+            f"spans {', '.join(format(i, '016x') for i in looped[:8])}{' ...' if len(looped) > 8 else ''}: "
+            "parent chain loops; cut where it repeats"), rec)
     recorded: list[tuple[_Span, str, str]] = []  # span, action id, output text
     emitted: dict[str, str] = {}  # tool call id -> the model call that asked for it
     answered: dict[str, str] = {}  # tool call id -> the tool step that ran it
@@ -395,15 +420,19 @@ class _Assembler:
     def _convert(self, spans: list[Any]) -> None:
         if not self.include_own and any("marft.episode.id" in (s.attributes or {}) for s in spans):
             return  # our own emitted spans: the episode is stored already
-        if not any(_Span(s).kind in ("llm", "tool") for s in spans):
-            return  # a trace without model or tool calls is not an episode
         with guarded("otel.convert"):
             try:
+                # Reading the spans is inside the try: a span that cannot be read (too-deep
+                # metadata) dead-letters its trace rather than losing it.
+                if not any(_Span(s).kind in ("llm", "tool") for s in spans):
+                    return  # a trace without model or tool calls is not an episode
                 ep = spans_to_episode(spans, source=self.source, limits=getattr(self.store, "limits", None))
             except Exception as e:  # refused by the record model (past a record limit, say): kept as a dead letter
                 trace = f"otel trace {format(spans[0].context.trace_id, '032x')}"
-                self.store.dead_letter(as_record_error(e, trace), [{"name": s.name, **dict(s.attributes or {})}
-                                                                  for s in spans])
+                err = as_record_error(e, trace)
+                if err.record is None:  # raised while reading a span, before the trace had a name
+                    err = RecordError(trace, err.field, err.reason)
+                self.store.dead_letter(err, [{"name": s.name, **dict(s.attributes or {})} for s in spans])
                 raise
             self.store.submit(ep)
             self.episodes += 1

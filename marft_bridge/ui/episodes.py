@@ -82,9 +82,12 @@ def _float(value: str | None, name: str) -> float | None:
     if value in (None, ""):
         return None
     try:
-        return float(value)
+        x = float(value)
     except ValueError:
         raise MarftError(f"{name}: not a number: {value!r}") from None
+    if x != x:  # NaN compares false with everything: it would filter nothing, silently
+        raise MarftError(f"{name}: not a number: {value!r}")
+    return x
 
 
 AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -94,8 +97,11 @@ def _time(value: str | None, name: str) -> float | None:
     """An ISO date/time (UTC when it has no zone) or an age like 30m, 6h, 7d, as epoch seconds."""
     if value in (None, ""):
         return None
-    if value[:-1].isdigit() and value[-1:] in AGE_UNITS:
-        return time.time() - int(value[:-1]) * AGE_UNITS[value[-1]]
+    if value[:-1].isdecimal() and value[-1:] in AGE_UNITS:  # isdecimal: what int() reads ("²" is a digit)
+        try:
+            return time.time() - int(value[:-1]) * AGE_UNITS[value[-1]]
+        except (OverflowError, ValueError):  # past a float, or more digits than int() reads
+            raise MarftError(f"{name}: age too large: {value[:40]!r}{'...' if len(value) > 40 else ''}") from None
     try:
         dt = datetime.fromisoformat(value)
     except ValueError:
@@ -163,6 +169,8 @@ class EpisodeIndex:
 
     def changes(self, cursor: int) -> dict:
         """Summaries of the episodes changed after ``cursor`` (a value an earlier answer gave)."""
+        if cursor < 0:  # no answer gives one; a huge negative one overflows the store's query
+            raise MarftError("cursor must be >= 0")
         self.refresh()
         with self._lock:
             if cursor >= self.cursor:
