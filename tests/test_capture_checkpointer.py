@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import weakref
-from typing import TypedDict
+from typing import Annotated, TypedDict
 
 import pytest
+from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 from test_capture_langgraph import edges, fake
 
@@ -291,3 +293,69 @@ def test_functional_api_previous_value_links_the_runs(sqlite_store):
     # `previous` in run 2 is what run 1 returned: its reply
     assert stored_edges(sqlite_store, ep.id) == {"reply@0": ("llm", []), "reply@2": ("llm", ["reply@0"])}
     assert stored_edges(sqlite_store, app.last_episode_id) == {"reply@4": ("llm", [])}
+
+
+# -- time travel inside one episode: a run from an older checkpoint starts from what it held then ----
+
+
+def in_order(store, episode_id: str) -> dict[str, list[str]]:
+    """``agent#n`` (its n-th action) -> what it depends on: steps after a replay are LangGraph's to number."""
+    store.flush()
+    ep = store.get_episode(episode_id)
+    assert ep is not None and ep.status == "completed" and "capture_errors" not in ep.metadata
+    seen: dict[str, int] = {}
+    names = {}
+    for a in ep.actions:
+        names[a.id] = f"{a.agent}#{seen.setdefault(a.agent, 0)}"
+        seen[a.agent] += 1
+    return {names[a.id]: sorted(names[d] for d in a.depends_on) for a in ep.actions}
+
+
+def checkpoint_before(app, thread: str, node: str, run: int):
+    """The config of the thread's checkpoint whose next step is ``node``, of the ``run``-th run (0-based)."""
+    found = [h.config for h in app.get_state_history(cfg(thread)) if h.next == (node,)]
+    return list(reversed(found))[run]  # the history is newest first
+
+
+def test_a_replay_from_an_older_checkpoint_depends_on_what_that_checkpoint_held(sqlite_store):
+    app = mb.instrument(turns_app(), store=sqlite_store)
+    with mb.episode(store=sqlite_store, task="replay") as ep:
+        app.invoke({"question": "q1"}, cfg("t1"))
+        app.invoke({"question": "q2"}, cfg("t1"))
+        app.invoke(None, checkpoint_before(app, "t1", "editor", 0))  # run 1's editor again
+    assert in_order(sqlite_store, ep.id) == {
+        "writer#0": [], "editor#0": ["writer#0"], "writer#1": ["editor#0"], "editor#1": ["writer#1"],
+        "editor#2": ["writer#0"],  # it read run 1's draft, not the one run 2 left last
+    }
+
+
+def test_a_fork_update_state_wrote_on_an_older_checkpoint_keeps_what_it_did_not_change(sqlite_store):
+    app = mb.instrument(turns_app(), store=sqlite_store)
+    with mb.episode(store=sqlite_store, task="fork") as ep:
+        app.invoke({"question": "q1"}, cfg("t1"))
+        app.invoke({"question": "q2"}, cfg("t1"))
+        fork = app.update_state(checkpoint_before(app, "t1", "writer", 1), {"question": "q3"}, as_node="__start__")
+        app.invoke(None, fork)
+    assert in_order(sqlite_store, ep.id) == {
+        "writer#0": [], "editor#0": ["writer#0"], "writer#1": ["editor#0"], "editor#1": ["writer#1"],
+        # run 2's start held run 1's feedback; the fork changed only the question
+        "writer#2": ["editor#0"], "editor#2": ["writer#2"],
+    }
+
+
+class Chat(TypedDict):
+    messages: Annotated[list, add_messages]
+
+
+def test_a_regenerated_reply_does_not_depend_on_the_reply_it_replaces(sqlite_store):
+    model = fake("first answer", "second answer")
+    g = StateGraph(Chat)
+    g.add_node("chat", lambda s: {"messages": [model.invoke(s["messages"])]})
+    g.add_edge(START, "chat")
+    g.add_edge("chat", END)
+    app = mb.instrument(g.compile(checkpointer=InMemorySaver()), store=sqlite_store)
+    with mb.episode(store=sqlite_store, task="regenerate") as ep:
+        app.invoke({"messages": [HumanMessage("hi")]}, cfg("c"))
+        out = app.invoke(None, checkpoint_before(app, "c", "chat", 0))
+    assert [m.content for m in out["messages"]] == ["hi", "second answer"]
+    assert in_order(sqlite_store, ep.id) == {"chat#0": [], "chat#1": []}  # it saw only "hi"

@@ -45,7 +45,7 @@ def supported(v: tuple[int, ...] | None = None) -> bool:
 class _LoopState:
     """Provenance of one Pregel loop's channels (a root graph or a subgraph)."""
 
-    __slots__ = ("loop", "run", "parent", "prov", "sends", "seen", "resumed", "bubbled", "key_prov")
+    __slots__ = ("loop", "run", "parent", "prov", "sends", "seen", "resumed", "bubbled", "key_prov", "snapshots")
 
     def __init__(self, loop: Any, run: Any, parent: Task | None):
         self.loop = loop
@@ -59,6 +59,8 @@ class _LoopState:
         self.resumed: dict[str, tuple[frozenset[str], list[str]]] = {}  # see _ThreadHistory.stopped
         # Actions of the step a ParentCommand (a handoff) unwound: they reach the parent graph.
         self.bubbled: frozenset[str] = pv.EMPTY
+        # On a checkpointed thread of an episode: checkpoint id -> (provenance, channel versions) there.
+        self.snapshots: dict[str, tuple[dict, dict]] | None = None
 
     def output_provenance(self) -> frozenset[str]:
         keys = self.loop.output_keys
@@ -73,15 +75,18 @@ class _ThreadHistory:
     """What a run leaves on a checkpointed thread for the next run of the same episode there: the
     provenance of its channels, their versions then, and the tasks of the step it stopped in
     (interrupted or failed): id -> (deps, actions). Those run again on resume, with the same
-    inputs, or hand back the writes they saved."""
+    inputs, or hand back the writes they saved. For a run that starts from an older checkpoint
+    (time travel), the provenance at every checkpoint the episode's runs made there (``at``)."""
 
-    __slots__ = ("prov", "versions", "stopped")
+    __slots__ = ("prov", "versions", "stopped", "last", "at")
 
     def __init__(self, st: _LoopState):
         self.prov = st.prov
         self.versions = dict(st.loop.checkpoint["channel_versions"])
         tasks = st.run.state.tasks
         self.stopped = {tid: (t.deps, list(t.actions)) for tid in st.loop.tasks if (t := tasks.get(tid)) is not None}
+        self.last = st.loop.checkpoint.get("id")
+        self.at = st.snapshots or {}
 
 
 def _key_provenance(parent: Task, sub_input: Any) -> dict[str, frozenset[str]] | None:
@@ -158,12 +163,50 @@ def _thread_key(st: _LoopState) -> tuple[str, str] | None:
 
 def _restore_history(st: _LoopState) -> None:
     key = _thread_key(st)
-    # Taken, not read: the loop leaves its own history when it exits (a finished subgraph none).
-    hist = st.run.scope.threads.pop(key, None) if key else None
-    if hist is None:
+    if key is None:
         return
-    st.prov = pv.restore(hist.prov, hist.versions, st.loop.checkpoint["channel_versions"], st.accumulates)
-    st.resumed = hist.stopped
+    # Taken, not read: the loop leaves its own history when it exits (a finished subgraph none).
+    hist = st.run.scope.threads.pop(key, None)
+    st.snapshots = dict(hist.at) if hist is not None else {}
+    if hist is not None:
+        now = st.loop.checkpoint["channel_versions"]
+        older = _time_travel(st, hist)
+        if older is None:
+            st.prov = pv.restore(hist.prov, hist.versions, now, st.accumulates)
+            st.resumed = hist.stopped
+        else:  # what the older checkpoint held then; a fork's own update moved versions as a new write does
+            st.prov = pv.restore(*older, now, st.accumulates)
+    _snapshot(st)
+
+
+def _time_travel(st: _LoopState, hist: _ThreadHistory) -> tuple[dict, dict] | None:
+    """(provenance, versions) at the older checkpoint a root run starts from: the one its config
+    names (a replay), or the nearest one the episode made among its parents (a fork ``update_state``
+    wrote); nothing when none is (made before the episode). None: it goes on from the last run's."""
+    asked = (st.loop.config.get("configurable") or {}).get("checkpoint_id")
+    if st.parent is not None or asked is None or asked == hist.last:
+        return None
+    thread, ns = _thread_key(st)
+    for _ in range(64):  # a chain of forks, bounded
+        if asked in hist.at:
+            return hist.at[asked]
+        try:  # the checkpointer's public read; an async-only saver has none here: no provenance
+            saved = st.loop.checkpointer.get_tuple(
+                {"configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": asked}})
+        except Exception:  # noqa: BLE001 - capture must not break the app
+            saved = None
+        parent = saved.parent_config if saved is not None else None
+        asked = (parent or {}).get("configurable", {}).get("checkpoint_id")
+        if asked is None:
+            break
+    return {}, {}
+
+
+def _snapshot(st: _LoopState) -> None:
+    """Note the provenance at the loop's current checkpoint (a later run may start from it)."""
+    if st.snapshots is not None:
+        ck = st.loop.checkpoint
+        st.snapshots[ck.get("id")] = (dict(st.prov), dict(ck["channel_versions"]))
 
 
 def _save_history(st: _LoopState, exc: BaseException | None) -> None:
@@ -343,6 +386,7 @@ def _after_tick(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if st is not None:
         try:
             _drop_cleared(st)
+            _snapshot(st)
         except Exception as e:  # noqa: BLE001
             capture_error("langgraph.after_tick", e)
     return out
