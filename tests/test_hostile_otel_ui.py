@@ -139,3 +139,29 @@ def test_ui_list_answers_400_json_for_ages_and_cursors_out_of_range(sqlite_store
     # the list still answers, and a large age that fits a float means "everything"
     assert [x["id"] for x in c.get("/api/episodes", params={"since": "9" * 300 + "d"}).json()["items"]] == ["e1"]
     assert c.get("/api/changes", params={"cursor": 0}).json()["episodes"][0]["id"] == "e1"
+
+
+def test_a_span_past_the_record_limits_is_dead_lettered_beside_its_episode(tmp_path):
+    """One model span with a message past ``max_field_bytes`` (2 MB by default): the episode keeps the
+    other call, and the span is kept raw as a dead letter of its own (was: dropped with only a count)."""
+    import json
+
+    from marft_bridge.store import TraceStore
+
+    with TraceStore.open(tmp_path / "t.db") as store:
+        tp = TracerProvider(id_generator=FixedIds([ROOT, CHAT, SELF]))
+        tp.add_span_processor(otel.EpisodeSpanProcessor(store))
+        tracer = tp.get_tracer("app")
+        root = tracer.start_span("invoke_workflow app", attributes={"gen_ai.operation.name": "invoke_workflow"})
+        ctx = otel_trace.set_span_in_context(root)
+        tracer.start_span("chat ok", context=ctx, attributes=LLM).end()
+        huge = json.dumps([{"role": "user", "parts": [{"type": "text", "content": "x" * 3_000_000}]}])
+        tracer.start_span("chat huge", context=ctx, attributes={**LLM, "gen_ai.input.messages": huge}).end()
+        root.end()
+        store.flush()
+        (ep,) = list(store.episodes())
+        assert [a.metadata["span_id"] for a in ep.actions] == [format(CHAT, "016x")]
+        (letter,) = store.dead_letters()
+        assert letter.record == f"otel trace {TRACE:032x} span {SELF:016x}"
+        assert "2000000" in letter.reason.replace(",", "").replace("_", "")  # what it is past
+        assert '"name": "chat huge"' in letter.raw and "xxxxxxxx" in letter.raw  # the span as it came

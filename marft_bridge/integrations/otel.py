@@ -219,9 +219,11 @@ def _fields(s: _Span) -> dict[str, Any]:
 
 
 def spans_to_episode(spans: Iterable[Any], source: str = "otel", episode_id: str | None = None,
-                     limits: Any = None) -> Episode:
+                     limits: Any = None, refused: list | None = None) -> Episode:
     """Turn the spans of one trace (``ReadableSpan``s, any order) into an Episode, validated under
-    ``limits`` (the store's ``RecordLimits``; default: the defaults).
+    ``limits`` (the store's ``RecordLimits``; default: the defaults). A model or tool span that
+    cannot be an action (a message past the limits, say) is left out and counted; ``refused``, when
+    given, receives ``(span, exception)`` for each, for the caller to keep.
 
     Parent ids that loop (a span its own parent, A -> B -> A): with no span outside the loop to be
     the root there is no episode (``ValueError``; the collectors dead-letter the trace). Beside a
@@ -283,7 +285,7 @@ def spans_to_episode(spans: Iterable[Any], source: str = "otel", episode_id: str
                    key=lambda n: (n.attrs.get("marft.index", 0), n.end if n.kind == "tool" and not n.own else n.start,
                                   n.end))
     for n in order:
-        with guarded("otel.span", rec):
+        try:
             a = n.attrs
             fields = _fields(n)
             meta = fields.pop("metadata", None) or {}
@@ -316,7 +318,20 @@ def spans_to_episode(spans: Iterable[Any], source: str = "otel", episode_id: str
             if kind == "tool" and meta.get("tool_call_id"):
                 answered[str(meta["tool_call_id"])] = new_id
             recorded.append((n, new_id, rec.get_action(new_id).output.text))
+        except Exception as e:  # noqa: BLE001 - one span's fault leaves the rest of the episode
+            capture_error("otel.span", e, rec)
+            if refused is not None:
+                refused.append((n.raw, e))
     return _finish(rec, root, limits)
+
+
+def _named(exc: Exception, record: str) -> RecordError:
+    err = as_record_error(exc, record)
+    return err if err.record is not None else RecordError(record, err.field, err.reason)
+
+
+def _raw(span: Any) -> dict[str, Any]:
+    return {"name": span.name, **dict(span.attributes or {})}
 
 
 def _call_links(messages: list[dict[str, Any]], emitted: dict[str, str], answered: dict[str, str]) -> list[str]:
@@ -421,21 +436,21 @@ class _Assembler:
         if not self.include_own and any("marft.episode.id" in (s.attributes or {}) for s in spans):
             return  # our own emitted spans: the episode is stored already
         with guarded("otel.convert"):
+            trace, refused = f"otel trace {format(spans[0].context.trace_id, '032x')}", []
             try:
                 # Reading the spans is inside the try: a span that cannot be read (too-deep
                 # metadata) dead-letters its trace rather than losing it.
                 if not any(_Span(s).kind in ("llm", "tool") for s in spans):
                     return  # a trace without model or tool calls is not an episode
-                ep = spans_to_episode(spans, source=self.source, limits=getattr(self.store, "limits", None))
+                ep = spans_to_episode(spans, source=self.source, limits=getattr(self.store, "limits", None),
+                                      refused=refused)
             except Exception as e:  # refused by the record model (past a record limit, say): kept as a dead letter
-                trace = f"otel trace {format(spans[0].context.trace_id, '032x')}"
-                err = as_record_error(e, trace)
-                if err.record is None:  # raised while reading a span, before the trace had a name
-                    err = RecordError(trace, err.field, err.reason)
-                self.store.dead_letter(err, [{"name": s.name, **dict(s.attributes or {})} for s in spans])
+                self.store.dead_letter(_named(e, trace), [_raw(s) for s in spans])
                 raise
             self.store.submit(ep)
             self.episodes += 1
+            for span, e in refused:  # left out of the episode: kept beside it, as it came
+                self.store.dead_letter(_named(e, f"{trace} span {format(span.context.span_id, '016x')}"), [_raw(span)])
 
     def flush_pending(self) -> None:
         with self.lock:
