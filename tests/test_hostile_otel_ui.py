@@ -116,7 +116,7 @@ def test_span_metadata_too_deep_to_parse_dead_letters_its_trace_and_the_next_is_
 # -- the viewer's list ------------------------------------------------------------------------------
 
 
-def test_ui_list_answers_400_json_for_ages_and_cursors_out_of_range(sqlite_store):
+def test_ui_list_answers_400_json_for_ages_cursors_and_parameters_out_of_range(sqlite_store):
     from fastapi.testclient import TestClient
 
     from marft_bridge.ui.app import create_app
@@ -136,6 +136,9 @@ def test_ui_list_answers_400_json_for_ages_and_cursors_out_of_range(sqlite_store
         assert r.json()["error"].startswith(name)
     r = c.get("/api/changes", params={"cursor": "-" + "9" * 400})
     assert r.status_code == 400 and "cursor" in r.json()["error"]
+    for path, params in [("/api/changes", {"cursor": "abc"}), ("/api/dead-letters", {"limit": "many"})]:
+        r = c.get(path, params=params)  # not an int: the viewer's 400 shape, not FastAPI's 422 {"detail"}
+        assert r.status_code == 400 and r.json()["error"].startswith(next(iter(params))), r.text[:200]
     # the list still answers, and a large age that fits a float means "everything"
     assert [x["id"] for x in c.get("/api/episodes", params={"since": "9" * 300 + "d"}).json()["items"]] == ["e1"]
     assert c.get("/api/changes", params={"cursor": 0}).json()["episodes"][0]["id"] == "e1"

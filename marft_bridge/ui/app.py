@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from ..errors import MarftError
@@ -111,6 +112,12 @@ def create_app(store, *, registry: str | Path | None = None, runs: list[str | Pa
     @app.exception_handler(ValueError)
     async def bad_value(_request, exc: ValueError):
         return error(400, f"bad parameter: {exc}")
+
+    @app.exception_handler(RequestValidationError)  # a typed parameter (cursor=abc): our shape, not FastAPI's 422
+    async def bad_parameter(_request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or "request"
+        return error(400, f"{where}: {first.get('msg', 'invalid')}")
 
     def page_params(request: Request) -> dict[str, str]:
         return dict(request.query_params)
