@@ -16,6 +16,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 from test_capture_langgraph import edges, fake
+from test_capture_tools import labels
 
 import marft_bridge as mb
 from marft_bridge import recording
@@ -26,11 +27,15 @@ def cfg(thread: str) -> dict:
     return {"configurable": {"thread_id": thread}}
 
 
-def stored_edges(store, episode_id: str) -> dict[str, tuple[str, list[str]]]:
+def stored_episode(store, episode_id: str):
     store.flush()
     ep = store.get_episode(episode_id)
     assert ep is not None and ep.status == "completed" and "capture_errors" not in ep.metadata
-    return edges(ep)
+    return ep
+
+
+def stored_edges(store, episode_id: str) -> dict[str, tuple[str, list[str]]]:
+    return edges(stored_episode(store, episode_id))
 
 
 @pytest.fixture(autouse=True)
@@ -299,15 +304,9 @@ def test_functional_api_previous_value_links_the_runs(sqlite_store):
 
 
 def in_order(store, episode_id: str) -> dict[str, list[str]]:
-    """``agent#n`` (its n-th action) -> what it depends on: steps after a replay are LangGraph's to number."""
-    store.flush()
-    ep = store.get_episode(episode_id)
-    assert ep is not None and ep.status == "completed" and "capture_errors" not in ep.metadata
-    seen: dict[str, int] = {}
-    names = {}
-    for a in ep.actions:
-        names[a.id] = f"{a.agent}#{seen.setdefault(a.agent, 0)}"
-        seen[a.agent] += 1
+    """``agent:kind#n`` (its n-th action) -> what it depends on: steps after a replay are LangGraph's to number."""
+    ep = stored_episode(store, episode_id)
+    names = labels(ep)
     return {names[a.id]: sorted(names[d] for d in a.depends_on) for a in ep.actions}
 
 
@@ -324,8 +323,9 @@ def test_a_replay_from_an_older_checkpoint_depends_on_what_that_checkpoint_held(
         app.invoke({"question": "q2"}, cfg("t1"))
         app.invoke(None, checkpoint_before(app, "t1", "editor", 0))  # run 1's editor again
     assert in_order(sqlite_store, ep.id) == {
-        "writer#0": [], "editor#0": ["writer#0"], "writer#1": ["editor#0"], "editor#1": ["writer#1"],
-        "editor#2": ["writer#0"],  # it read run 1's draft, not the one run 2 left last
+        "writer:llm#0": [], "editor:llm#0": ["writer:llm#0"],
+        "writer:llm#1": ["editor:llm#0"], "editor:llm#1": ["writer:llm#1"],
+        "editor:llm#2": ["writer:llm#0"],  # it read run 1's draft, not the one run 2 left last
     }
 
 
@@ -337,9 +337,10 @@ def test_a_fork_update_state_wrote_on_an_older_checkpoint_keeps_what_it_did_not_
         fork = app.update_state(checkpoint_before(app, "t1", "writer", 1), {"question": "q3"}, as_node="__start__")
         app.invoke(None, fork)
     assert in_order(sqlite_store, ep.id) == {
-        "writer#0": [], "editor#0": ["writer#0"], "writer#1": ["editor#0"], "editor#1": ["writer#1"],
+        "writer:llm#0": [], "editor:llm#0": ["writer:llm#0"],
+        "writer:llm#1": ["editor:llm#0"], "editor:llm#1": ["writer:llm#1"],
         # run 2's start held run 1's feedback; the fork changed only the question
-        "writer#2": ["editor#0"], "editor#2": ["writer#2"],
+        "writer:llm#2": ["editor:llm#0"], "editor:llm#2": ["writer:llm#2"],
     }
 
 
@@ -358,4 +359,4 @@ def test_a_regenerated_reply_does_not_depend_on_the_reply_it_replaces(sqlite_sto
         app.invoke({"messages": [HumanMessage("hi")]}, cfg("c"))
         out = app.invoke(None, checkpoint_before(app, "c", "chat", 0))
     assert [m.content for m in out["messages"]] == ["hi", "second answer"]
-    assert in_order(sqlite_store, ep.id) == {"chat#0": [], "chat#1": []}  # it saw only "hi"
+    assert in_order(sqlite_store, ep.id) == {"chat:llm#0": [], "chat:llm#1": []}  # it saw only "hi"

@@ -170,7 +170,7 @@ def _restore_history(st: _LoopState) -> None:
     st.snapshots = dict(hist.at) if hist is not None else {}
     if hist is not None:
         now = st.loop.checkpoint["channel_versions"]
-        older = _time_travel(st, hist)
+        older = _time_travel(st, hist, key)
         if older is None:
             st.prov = pv.restore(hist.prov, hist.versions, now, st.accumulates)
             st.resumed = hist.stopped
@@ -179,14 +179,14 @@ def _restore_history(st: _LoopState) -> None:
     _snapshot(st)
 
 
-def _time_travel(st: _LoopState, hist: _ThreadHistory) -> tuple[dict, dict] | None:
+def _time_travel(st: _LoopState, hist: _ThreadHistory, key: tuple[str, str]) -> tuple[dict, dict] | None:
     """(provenance, versions) at the older checkpoint a root run starts from: the one its config
     names (a replay), or the nearest one the episode made among its parents (a fork ``update_state``
     wrote); nothing when none is (made before the episode). None: it goes on from the last run's."""
     asked = (st.loop.config.get("configurable") or {}).get("checkpoint_id")
     if st.parent is not None or asked is None or asked == hist.last:
         return None
-    thread, ns = _thread_key(st)
+    thread, ns = key
     for _ in range(64):  # a chain of forks, bounded
         if asked in hist.at:
             return hist.at[asked]

@@ -34,7 +34,7 @@ from ...messages import canonical_arguments
 from ...capture_errors import capture_error, guarded
 from ...schema import utcnow
 from . import convert
-from .provenance import Task, hand_on
+from .provenance import EMPTY, Task, hand_on
 
 _PARENT = "__parent__"  # langgraph.types.Command.PARENT
 
@@ -166,7 +166,7 @@ def state_readers(node: Any) -> frozenset[str]:
     records what is read from it). Worked out once per node."""
     by_name = getattr(node, "tools_by_name", None)
     if not isinstance(by_name, dict):
-        return frozenset()
+        return EMPTY
     with contextlib.suppress(KeyError, TypeError):
         return _STATE_READERS[node]
     names = frozenset(n for n, t in by_name.items() if _handed_state(t))
