@@ -4,12 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install browser clean vllm test-vllm
+.PHONY: demo test install browser clean vllm test-vllm docs
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[all,dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[all,dev,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -26,6 +26,11 @@ browser:
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The documentation site into site/ (docs/, mkdocs.yml; the CLI reference is generated from the parsers).
+# Warnings fail the build, as in CI. `$(BIN)/mkdocs serve` shows it on http://127.0.0.1:8000/.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict -d site
 
 # vLLM in an environment of its own (it pins its own torch and transformers; it never enters .venv).
 # Built once per machine in a cache keyed by constraints-vllm.txt and the Python version, so a later

@@ -68,13 +68,13 @@ class PhaseClock:
 def timed_phases(clock: PhaseClock):
     """The phases' functions wrapped by ``clock`` for the block, put back afterwards."""
     from marft_bridge.benchmarks import exact, graph
-    from marft_bridge.trainers import marft, passes, rollout
+    from marft_bridge.trainers import backward, marft, passes, rollout
 
     targets = [(graph, "rollout", "graph and capture"), (rollout.RolloutPolicy, "act_many", "sampler"),
                (passes.SamplePasses, "rollout_stats", "no-grad passes"),
                (passes.SamplePasses, "token_logprobs", "no-grad passes"),
-               (marft.MarftTrainer, "_policy_backward", "gradient passes"),
-               (marft.MarftTrainer, "_critic_backward", "gradient passes"),
+               (backward, "policy_backward", "gradient passes"),
+               (backward, "critic_backward", "gradient passes"),
                (marft.MarftTrainer, "_step", "optimiser"), (exact, "chain_matrices", "exact J")]
     saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in targets]
     try:

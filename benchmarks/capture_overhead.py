@@ -107,8 +107,8 @@ def main() -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     import marft_bridge as mb
-    from marft_bridge import recording
-    from marft_bridge.recording import capture_stats
+    from marft_bridge.capture import recording
+    from marft_bridge.capture.recording import capture_stats
     from marft_bridge.store import TraceStore
 
     tmp = Path(tempfile.mkdtemp(prefix="marft-bench-"))
@@ -124,7 +124,7 @@ def main() -> None:
             mb.instrument(app, store=s)
 
     instrument_all()
-    ordered_id = recording._fast_id
+    ordered_id = recording.fast_id
 
     def random_id() -> str:  # episode and action ids before they were time-ordered
         return f"{random.getrandbits(128):032x}"
@@ -162,11 +162,11 @@ def main() -> None:
             writer_cpu.append((store.writer_stats()["process_cpu_s"] - c0) / args.invokes)
 
     def timed_random_ids() -> tuple[float, float]:
-        recording._fast_id = random_id
+        recording.fast_id = random_id
         try:
             return run(random_app, after=random_store.flush)
         finally:
-            recording._fast_id = ordered_id
+            recording.fast_id = ordered_id
 
     def unhooked(config=None) -> tuple[float, float]:
         """The plain app with no marft hook in the process (every app uninstrumented for the turn;

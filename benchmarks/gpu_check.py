@@ -32,7 +32,7 @@ def build_model(path, shape, dtype):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from marft_bridge.tinymodel import build_tokenizer
+    from marft_bridge.demo.tinymodel import build_tokenizer
 
     tok = build_tokenizer()
     cfg = Qwen2Config(**shape, max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,

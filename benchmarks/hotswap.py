@@ -26,7 +26,7 @@ import httpx
 
 from marft_bridge.serving import AdapterRegistry, EmbeddedServerPublisher, ServerProcess
 from marft_bridge.serving.fixtures import make_random_adapter
-from marft_bridge.tinymodel import build_tiny_model
+from marft_bridge.demo.tinymodel import build_tiny_model
 
 KEY = "bench"
 MODELS = ["planner", "coder", "base"]

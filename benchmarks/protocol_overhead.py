@@ -44,7 +44,7 @@ import logging  # noqa: E402
 import marft_bridge as mb  # noqa: E402
 from marft_bridge.integrations import a2a as a2a_cap  # noqa: E402
 from marft_bridge.integrations import mcp as mcp_cap  # noqa: E402
-from marft_bridge.integrations.propagation import flush_joins  # noqa: E402
+from marft_bridge.integrations.crossprocess.propagation import flush_joins  # noqa: E402
 
 
 async def timed_calls(call, n: int, per_episode: int, store) -> float:

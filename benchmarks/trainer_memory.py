@@ -32,7 +32,7 @@ def build_model(path, hidden, layers, vocab):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from marft_bridge.tinymodel import build_tokenizer
+    from marft_bridge.demo.tinymodel import build_tokenizer
 
     tok = build_tokenizer()
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,

@@ -24,7 +24,7 @@ import time
 
 
 def build_model(path, hidden, layers):
-    from marft_bridge.tinymodel import build_tiny_model
+    from marft_bridge.demo.tinymodel import build_tiny_model
 
     return build_tiny_model(path, hidden_size=hidden, num_layers=layers, num_heads=max(4, hidden // 64),
                             num_kv_heads=max(2, hidden // 128), intermediate_size=hidden * 2, max_positions=4096)

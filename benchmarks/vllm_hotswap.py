@@ -1,4 +1,4 @@
-"""The hot-swap scenario against a running vLLM multi-LoRA server (``marft_bridge.serving.vllm_hotswap``;
+"""The hot-swap scenario against a running vLLM multi-LoRA server (``marft_bridge.serving.vllm.hotswap``;
 ``tests/vllm/test_hotswap.py`` runs the same scenario in ``make test-vllm``).
 
 vLLM runs in its own environment (``make vllm`` builds ``.venv-vllm``); start it on a base model with
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from marft_bridge.errors import MarftError
 from marft_bridge.serving import AdapterRegistry
-from marft_bridge.serving.vllm_hotswap import SWAPS, run_hotswap
+from marft_bridge.serving.vllm.hotswap import SWAPS, run_hotswap
 
 
 def main() -> int:

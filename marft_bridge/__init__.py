@@ -8,6 +8,9 @@ pydantic models nor any optional extra until they are used.
 from __future__ import annotations
 
 from ._lazy import lazy_getattr
+from ._moved import install as _install_moved
+
+_install_moved()  # old module paths (one release, with a DeprecationWarning)
 
 
 __version__ = "0.1.0"
@@ -29,7 +32,9 @@ _EXPORTS = {
     "episode": "marft_bridge.integrations.session",
     "instrument": "marft_bridge.integrations.langgraph",
     "uninstrument": "marft_bridge.integrations.langgraph",
-    "capture": "marft_bridge.integrations.session",
+    "capture": "marft_bridge.capture",
+    "fit": "marft_bridge.fitting.loop",
+    "Endpoint": "marft_bridge.fitting.endpoint",  # the package, callable as the capture block
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

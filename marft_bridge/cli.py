@@ -14,9 +14,12 @@ from .errors import MarftError
 COMMAND_MODULES = [
     "marft_bridge.store.cli",
     "marft_bridge.serving.cli",
-    "marft_bridge.serving.vllm_cli",
+    "marft_bridge.serving.vllm.cli",
     "marft_bridge.trainers.cli",
-    "marft_bridge.commands",
+    "marft_bridge.trainers.sft_cli",
+    "marft_bridge.fitting.cli",
+    "marft_bridge.service.cli",
+    "marft_bridge.demo.cli",
     "marft_bridge.ui.cli",
 ]
 

@@ -19,6 +19,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from . import seams
+
 STATE_FILE = "state.json"
 # Adapter (agent) names the registry holds and vLLM serves; the one definition (``adapter_names``
 # re-exports it as ADAPTER_NAME). ``\Z``, not ``$``: ``$`` also matches before a final newline, and
@@ -86,7 +88,7 @@ _BY_ROOT: dict[Path, LiveVersions] = {}
 _LOCK = threading.Lock()
 
 
-def live_versions(registry: Any) -> Any:
+def live_versions(registry: seams.RegistryRef | None) -> seams.LiveVersions | None:
     """An object with ``live_version(agent)`` for ``registry`` (see the module docstring)."""
     if registry is None:
         return None

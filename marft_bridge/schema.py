@@ -16,193 +16,44 @@ enter a chat template is ``chat_template``.
 The depth and size of free-form JSON (task, metadata, tool calls and tools) are bounded by
 ``limits.RecordLimits``: the store's own, passed as validation context (``{"limits": ...}``), else
 the defaults; ``STORED`` skips the check for what the store already holds.
+
+The parts an action is made of (Message, Observation, Output, SamplingParams, Policy), the base
+model and that plumbing are in ``schema_parts``; every name is importable from here.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import uuid
-from datetime import datetime, timezone
-from typing import Annotated, Any, Literal
+from datetime import datetime
+from typing import Any
 
-from pydantic import (BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
-from pydantic_core import PydanticCustomError
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 # Adapter naming lives in adapter_names.py (it reads no record type); its names stay importable here.
 from .adapter_names import (ADAPTER_NAME, adapter_name, adapters_by_agent, agent_adapter_name,  # noqa: F401
                             resolve_adapters)
 from .errors import RecordError
-from .limits import RecordLimits, default_limits, first_over_limits
+from .limits import RecordLimits, default_limits
+# The record parts and the validation plumbing live in schema_parts.py; every name stays importable here.
+from .schema_parts import (MAX_ACTIONS, MAX_NAME_CHARS, MAX_REWARDS, MAX_TEXT_CHARS, MAX_TOKENS,  # noqa: F401
+                           STORED, ActionKind, EpisodeStatus, Message, Name, Observation, Output, Policy,
+                           RecordModel, SamplingParams, TokenSource, check_within, context_limits, invariant, new_id,
+                           utcnow)
 
-SCHEMA_VERSION = 2
+# The names these had before the split (module-private; kept for code that used them).
+_Record, _invariant, _limits, _within = RecordModel, invariant, context_limits, check_within
+
+SCHEMA_VERSION = 3
 # Versions older than SCHEMA_VERSION that still load, and what changed since. Each change so far
 # only added optional fields, so an older document is a valid current one: reading (store reads,
 # ``marft traces import``, ``parse_episode``) relabels it with the current version.
 #   1 -> 2: Observation.tools and Observation.tool_choice (what the model was offered).
-UPGRADABLE_VERSIONS = frozenset({1})
-
-# Limits that keep one runaway record from filling the store ("oversized fields"); the depth and
-# size of free-form JSON (task, metadata, tool calls) are RecordLimits (limits.py), checked below.
-MAX_TEXT_CHARS = 2_000_000
-MAX_TOKENS = 262_144
-MAX_NAME_CHARS = 256
-MAX_ACTIONS = 100_000
-MAX_REWARDS = 100_000
-
-ActionKind = Literal["llm", "tool", "message", "env"]
-EpisodeStatus = Literal["running", "completed", "failed"]
-TokenSource = Literal["server", "retokenize"]
-
-Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS)]
+#   2 -> 3: Episode.group (task and rollout) and Episode.release (the team release that served it).
+UPGRADABLE_VERSIONS = frozenset({1, 2})
 
 
-def new_id() -> str:
-    return uuid.uuid4().hex
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def _invariant(field: str, reason: str) -> PydanticCustomError:
-    return PydanticCustomError("invariant", "{field}: {reason}", {"field": field, "reason": reason})
-
-
-# Validation context of records the store already holds: they were checked against the limits
-# when written (a later, lower limit must not make them unreadable), so reads skip that check.
-STORED = {"limits": None}
-
-
-def _limits(info: ValidationInfo) -> RecordLimits | None:
-    """The limits a validation checks free-form fields against: the context's, else the defaults."""
-    ctx = info.context
-    return ctx["limits"] if isinstance(ctx, dict) and "limits" in ctx else default_limits()
-
-
-def _within(limits: RecordLimits, fields: list[tuple[str, Any]]) -> None:
-    if found := first_over_limits(fields, limits):
-        raise _invariant(*found)
-
-
-class _Record(BaseModel):
-    # Unknown fields are refused rather than dropped: a typo must not silently lose data.
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
-
-
-class Message(_Record):
-    """One chat message of an observation (OpenAI shape)."""
-
-    role: str = Field(min_length=1, max_length=64)
-    content: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)
-    name: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
-    tool_calls: list[dict[str, Any]] | None = None
-    tool_call_id: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
-
-
-class Observation(_Record):
-    """What the agent saw: chat messages, the tools it was offered and, when the server reported
-    them, the prompt token ids.
-
-    ``tools`` are OpenAI function tools (``{"type": "function", "function": {"name", "description",
-    "parameters"}}``), the chat template renders them into the prompt; ``tool_choice`` is the
-    request's (``"auto"``, ``"none"``, ``"required"`` or ``{"type": "function", "function": {"name"}}``).
-    """
-
-    messages: list[Message] = Field(default_factory=list)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    prompt: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)  # completions-API prompt
-    prompt_token_ids: list[int] | None = Field(default=None, max_length=MAX_TOKENS)
-
-    @field_validator("tools")
-    @classmethod
-    def _function_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        for k, tool in enumerate(v or ()):
-            if tool.get("type") != "function":
-                raise _invariant(f"{k}.type", f"a tool must have type 'function', not {tool.get('type')!r}")
-            fn = tool.get("function")
-            name = fn.get("name") if isinstance(fn, dict) else None
-            if not isinstance(name, str) or not name:
-                raise _invariant(f"{k}.function.name", "a function tool needs a name (function.name)")
-        return v
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _short_choice(cls, v: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-        if isinstance(v, str) and not 0 < len(v) <= 64:
-            raise ValueError("tool_choice must be 1-64 characters (auto, none, required) or a dict")
-        return v
-
-
-class Output(_Record):
-    """What the agent produced. ``logprobs[i]`` is the behaviour log-prob of ``token_ids[i]``."""
-
-    text: str = Field(default="", max_length=MAX_TEXT_CHARS)
-    token_ids: list[int] | None = Field(default=None, max_length=MAX_TOKENS)
-    logprobs: list[float] | None = Field(default=None, max_length=MAX_TOKENS)
-    tool_calls: list[dict[str, Any]] | None = None
-    finish_reason: str | None = Field(default=None, max_length=64)
-
-    @field_validator("token_ids")
-    @classmethod
-    def _non_negative_ids(cls, v: list[int] | None) -> list[int] | None:
-        if v and min(v) < 0:
-            raise ValueError("token ids must be >= 0")
-        return v
-
-    @field_validator("logprobs")
-    @classmethod
-    def _finite_logprobs(cls, v: list[float] | None) -> list[float] | None:
-        # Non-finite behaviour log-probs silently poison PPO ratios (see notes/PEERS.md #6).
-        # C-level scans first (this runs for every stored action); the loop only names the culprit.
-        # A nan or inf anywhere makes the sum non-finite (a sum that merely overflows sends finite
-        # values to the loop, which then finds nothing).
-        if v and not (math.isfinite(sum(v)) and max(v) <= 1e-4):
-            for i, x in enumerate(v):
-                if not math.isfinite(x):
-                    raise ValueError(f"log-prob {i} is {x}; log-probs must be finite")
-                if x > 1e-4:
-                    raise ValueError(f"log-prob {i} is {x} > 0; a log-probability is at most 0")
-        return v
-
-    @model_validator(mode="after")
-    def _lengths_match(self) -> Output:
-        if self.token_ids is not None and self.logprobs is not None and len(self.token_ids) != len(self.logprobs):
-            raise PydanticCustomError(
-                "invariant",
-                "{field}: {reason}",
-                {"field": "logprobs", "reason": f"{len(self.logprobs)} log-probs for {len(self.token_ids)} token ids"},
-            )
-        return self
-
-
-class SamplingParams(_Record):
-    """The sampling parameters actually used; the trainer recomputes log-probs under them."""
-
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1)
-    max_tokens: int | None = Field(default=None, ge=0)
-    seed: int | None = None
-    stop: list[str] | None = None
-    # True when the server's log-probs are after temperature/top-k/top-p (vLLM processed_logprobs).
-    logprobs_processed: bool | None = None
-    # vLLM's allowed_token_ids: every token was sampled from this set (the trainer masks its log-probs alike).
-    allowed_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1,
-                                                                        max_length=MAX_TOKENS)
-
-
-class Policy(_Record):
-    """The adapter that produced an action (the model name is the adapter name, vLLM-style)."""
-
-    name: Name
-    version: int | None = Field(default=None, ge=0)
-    base_model: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
-
-
-class Action(_Record):
+class Action(RecordModel):
     """One decision of one agent at one Flex-POMDP step."""
 
     id: str = Field(default_factory=new_id, min_length=1, max_length=MAX_NAME_CHARS)
@@ -237,12 +88,12 @@ class Action(_Record):
 
     @model_validator(mode="after")
     def _within_limits(self, info: ValidationInfo) -> Action:
-        if (limits := _limits(info)) is not None:
-            _within(limits, self.limited_fields())
+        if (limits := context_limits(info)) is not None:
+            check_within(limits, self.limited_fields())
         return self
 
 
-class Reward(_Record):
+class Reward(RecordModel):
     """A reward for the whole episode (team), one agent, or one action. May arrive late."""
 
     id: str = Field(default_factory=new_id, min_length=1, max_length=MAX_NAME_CHARS)
@@ -266,12 +117,20 @@ class Reward(_Record):
 
     @model_validator(mode="after")
     def _within_limits(self, info: ValidationInfo) -> Reward:
-        if (limits := _limits(info)) is not None:
-            _within(limits, self.limited_fields())
+        if (limits := context_limits(info)) is not None:
+            check_within(limits, self.limited_fields())
         return self
 
 
-class Episode(_Record):
+class EpisodeGroup(RecordModel):
+    """Which rollout of which task an episode is: group-relative advantages (GRPO, RLOO) compare an
+    episode with the other rollouts of its task."""
+
+    task_id: Name
+    rollout: int = Field(ge=0)
+
+
+class Episode(RecordModel):
     """One run of the multi-agent system on one task."""
 
     schema_version: int = SCHEMA_VERSION
@@ -285,6 +144,8 @@ class Episode(_Record):
     started_at: datetime = Field(default_factory=utcnow)
     ended_at: datetime | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    group: EpisodeGroup | None = None  # set by `marft fit`: the task and rollout index
+    release: str | None = Field(default=None, max_length=MAX_NAME_CHARS)  # the team release that served it
 
     @field_validator("schema_version")
     @classmethod
@@ -306,8 +167,8 @@ class Episode(_Record):
 
     @model_validator(mode="after")
     def _within_limits(self, info: ValidationInfo) -> Episode:
-        if (limits := _limits(info)) is not None:
-            _within(limits, self.limited_fields())
+        if (limits := context_limits(info)) is not None:
+            check_within(limits, self.limited_fields())
         return self
 
     @model_validator(mode="after")
@@ -321,36 +182,36 @@ class Episode(_Record):
         index: dict[str, int] = {}
         for k, a in enumerate(self.actions):
             if a.id in index:
-                raise _invariant(f"actions.{k}.id", f"duplicate action id {a.id!r}")
+                raise invariant(f"actions.{k}.id", f"duplicate action id {a.id!r}")
             index[a.id] = k
         forward = False
         for k, a in enumerate(self.actions):
             for d in a.depends_on:
                 if d not in index:
-                    raise _invariant(f"actions.{k}.depends_on", f"unknown action id {d!r}")
+                    raise invariant(f"actions.{k}.depends_on", f"unknown action id {d!r}")
                 if d == a.id:
-                    raise _invariant(f"actions.{k}.depends_on", "an action cannot depend on itself")
+                    raise invariant(f"actions.{k}.depends_on", "an action cannot depend on itself")
                 forward = forward or index[d] > k
         # Only a dependency on a later record can close a cycle (record order is otherwise a
         # topological order), so the search runs only then.
         cycle = _find_cycle(self.actions) if forward else None
         if cycle:
-            raise _invariant("actions.depends_on", "dependency cycle " + " -> ".join(cycle))
+            raise invariant("actions.depends_on", "dependency cycle " + " -> ".join(cycle))
         for k, a in enumerate(self.actions):
             for d in a.depends_on:
                 j = index[d]
                 if j > k:
-                    raise _invariant(f"actions.{k}.depends_on", f"depends on later action {d!r} (recorded at {j})")
+                    raise invariant(f"actions.{k}.depends_on", f"depends on later action {d!r} (recorded at {j})")
                 if self.actions[j].step > a.step:
-                    raise _invariant(
+                    raise invariant(
                         f"actions.{k}.depends_on",
                         f"depends on action {d!r} of a later step ({self.actions[j].step} > {a.step})",
                     )
         for k, r in enumerate(self.rewards):
             if r.action_id is not None and r.action_id not in index:
-                raise _invariant(f"rewards.{k}.action_id", f"unknown action id {r.action_id!r}")
+                raise invariant(f"rewards.{k}.action_id", f"unknown action id {r.action_id!r}")
             if r.agent is not None and r.agent not in known:
-                raise _invariant(f"rewards.{k}.agent", f"unknown agent {r.agent!r}")
+                raise invariant(f"rewards.{k}.agent", f"unknown agent {r.agent!r}")
         return self
 
     # -- helpers ---------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny character-level Llama + tokenizer saved as a transformers directory (built once)."""
-    from marft_bridge.tinymodel import build_tiny_model
+    from marft_bridge.demo.tinymodel import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "base", seed=0)
 

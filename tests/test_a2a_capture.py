@@ -17,7 +17,7 @@ import pytest
 
 import marft_bridge as mb
 from marft_bridge.integrations import a2a as cap
-from marft_bridge.integrations import propagation as prop
+from marft_bridge.integrations.crossprocess import propagation as prop
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "a2a_team"
 sys.path.insert(0, str(EXAMPLE))  # run.py imports the agent module's helpers by name
@@ -261,7 +261,7 @@ def test_a_reply_held_for_the_half_is_not_delayed_by_work_after_it(tmp_path):
     and the half is written through the store instead."""
     from a2a.helpers import new_text_message
 
-    from marft_bridge.recording import EpisodeRecorder
+    from marft_bridge.capture.recording import EpisodeRecorder
 
     store = mb.TraceStore.open(tmp_path / "t.db")
     caller = EpisodeRecorder(store, source="test")

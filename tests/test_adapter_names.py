@@ -44,7 +44,11 @@ def test_long_paths_stay_distinct():
 
 
 def test_the_adapter_is_the_model_name_that_served_the_call():
-    assert adapter_name(Action(agent="supervisor/agent", policy=Policy(name="supervisor"))) == "supervisor"
+    # Our server reported the adapter's version: the model name is the adapter.
+    assert adapter_name(Action(agent="supervisor/agent", policy=Policy(name="supervisor", version=2))) == "supervisor"
+    # No mark of our stack: the agent's own adapter, unless the caller knows the name as one of its adapters.
+    assert adapter_name(Action(agent="supervisor/agent", policy=Policy(name="supervisor"))) == "supervisor.agent"
+    assert adapter_name(Action(agent="supervisor/agent", policy=Policy(name="supervisor")), {"supervisor"}) == "supervisor"
     assert adapter_name(Action(agent="supervisor/agent")) == "supervisor.agent"
     # A base model id is not an adapter: the agent's own name is used.
     assert adapter_name(Action(agent="math_expert/agent", policy=Policy(name="Qwen/Qwen2.5-0.5B"))) == "math_expert.agent"

@@ -14,7 +14,7 @@ from openai import AsyncOpenAI, OpenAI
 
 import marft_bridge as mb
 from marft_bridge.integrations import openai as oa
-from marft_bridge.recording import capture_stats, reset_capture_stats
+from marft_bridge.capture.recording import capture_stats, reset_capture_stats
 from marft_bridge.serving import AdapterRegistry, VLLMPublisher
 from marft_bridge.serving.fixtures import make_random_adapter
 from test_capture_openai import VERSIONS, server, two_agents  # noqa: F401 - fixture reuse

@@ -12,8 +12,9 @@ from agents import Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runn
 from openai import AsyncOpenAI
 
 import marft_bridge as mb
-from marft_bridge.integrations import openai_agents, openai_agents_runs
-from marft_bridge.recording import capture_stats, reset_capture_stats
+from marft_bridge.integrations import openai_agents
+from marft_bridge.integrations.openai_agents import runs as openai_agents_runs
+from marft_bridge.capture.recording import capture_stats, reset_capture_stats
 from fake_responses import FakeServer
 
 

@@ -15,7 +15,7 @@ from test_capture_agents_sdk import check_episode, streamed, team
 
 import marft_bridge as mb
 from marft_bridge.integrations import openai_agents
-from marft_bridge.recording import capture_stats, reset_capture_stats
+from marft_bridge.capture.recording import capture_stats, reset_capture_stats
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +144,7 @@ def test_an_mcp_call_inside_a_function_tool_is_that_tool_step(srv, sqlite_store)
     from agents import function_tool
 
     from marft_bridge.integrations import mcp as mcp_capture
-    from marft_bridge.integrations import propagation as prop
+    from marft_bridge.integrations.crossprocess import propagation as prop
 
     server = mcp_capture.instrument_server(mcp_apps.build_server(), store=sqlite_store)
 

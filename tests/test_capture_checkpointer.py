@@ -19,7 +19,7 @@ from test_capture_langgraph import edges, fake
 from test_capture_tools import labels
 
 import marft_bridge as mb
-from marft_bridge import recording
+from marft_bridge.capture import recording
 from marft_bridge.integrations import langgraph as lg
 
 

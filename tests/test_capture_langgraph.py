@@ -15,7 +15,7 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Send
 
 import marft_bridge as mb
-from marft_bridge import recording
+from marft_bridge.capture import recording
 
 
 def fake(*responses: str) -> FakeListChatModel:

@@ -14,7 +14,7 @@ from langgraph.runtime import Runtime
 from langgraph.store.memory import InMemoryStore
 
 import marft_bridge as mb
-from marft_bridge import recording
+from marft_bridge.capture import recording
 
 
 class S(TypedDict, total=False):

@@ -15,7 +15,7 @@ from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from marft_bridge.integrations import otel
-from marft_bridge.recording import capture_stats, reset_capture_stats
+from marft_bridge.capture.recording import capture_stats, reset_capture_stats
 from fake_responses import FakeServer
 
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from marft_bridge import recording as rec
+from marft_bridge.capture import recording as rec
 
 
 def test_episode_records_actions_rewards_and_submits(sqlite_store):

@@ -15,7 +15,8 @@ from openai._base_client import AsyncAPIClient, SyncAPIClient
 from test_capture_langgraph import chain_app
 
 import marft_bridge as mb
-from marft_bridge import episode_context, recording
+from marft_bridge.capture import episode_context
+from marft_bridge.capture import recording
 from marft_bridge.integrations import mcp as mcp_capture
 from marft_bridge.integrations import openai as oa
 from marft_bridge.integrations import openai_agents
@@ -47,8 +48,10 @@ def test_importing_every_integration_registers_nothing():
         from langgraph.pregel import _loop
         before = (SyncAPIClient.request, _loop.PregelLoop.tick)
         import marft_bridge
-        from marft_bridge import episode_context
-        from marft_bridge.integrations import a2a, mcp, mcp_server, openai, openai_agents, otel, otel_emit, session
+        from marft_bridge.capture import episode_context
+        from marft_bridge.integrations import a2a, mcp, openai, openai_agents, otel, session
+        from marft_bridge.integrations.mcp import server as mcp_server
+        from marft_bridge.integrations.otel import emit as otel_emit
         from marft_bridge.integrations.langgraph import instrumentation, state
         assert episode_context.active_states() == (), episode_context.active_states()
         assert (SyncAPIClient.request, _loop.PregelLoop.tick) == before

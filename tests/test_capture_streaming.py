@@ -15,7 +15,7 @@ from openai import AsyncOpenAI, OpenAI
 
 import marft_bridge as mb
 from marft_bridge.integrations import openai as oa
-from marft_bridge.recording import capture_stats, reset_capture_stats
+from marft_bridge.capture.recording import capture_stats, reset_capture_stats
 from marft_bridge.serving import AdapterRegistry, ServerProcess
 from marft_bridge.serving.fixtures import make_random_adapter
 

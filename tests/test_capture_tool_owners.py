@@ -19,7 +19,7 @@ from test_capture_langgraph import fake
 from test_capture_tools import graph, stored
 
 import marft_bridge as mb
-from marft_bridge import recording
+from marft_bridge.capture import recording
 
 
 @pytest.fixture(autouse=True)

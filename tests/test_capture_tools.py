@@ -13,7 +13,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.prebuilt import ToolNode
 
 import marft_bridge as mb
-from marft_bridge import recording
+from marft_bridge.capture import recording
 
 
 def stored(store, app):
@@ -204,7 +204,7 @@ def test_tool_steps_are_not_trained_but_every_model_call_is(sqlite_store):
     """Each captured supervisor/swarm episode through ``build_batch`` with a Hermes-style template
     keeps every model call as a sample (tool calls included)."""
     pytest.importorskip("tokenizers")  # not in CI's small lowest-LangGraph environment
-    from marft_bridge.tinymodel import build_tokenizer
+    from marft_bridge.demo.tinymodel import build_tokenizer
     from marft_bridge.trainers.batch import build_batch
 
     tok = build_tokenizer()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 
 import marft_bridge as mb
-from marft_bridge.integrations import propagation as prop
-from marft_bridge.recording import EpisodeRecorder
+from marft_bridge.integrations.crossprocess import propagation as prop
+from marft_bridge.capture.recording import EpisodeRecorder
 
 
 def test_inject_extract_round_trip():

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import marft_bridge as mb
-from marft_bridge.integrations import propagation as prop
+from marft_bridge.integrations.crossprocess import propagation as prop
 
 HERE = Path(__file__).resolve().parent
 

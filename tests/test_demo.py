@@ -57,10 +57,14 @@ def test_episodes_have_the_right_agents_dependencies_and_versions(demo):
     store = TraceStore.open(out / "traces.db")
     s = results["settings"]
     runs = len(s["methods"]) * s["seeds"]
-    assert store.count() == runs * s["iterations"] * s["episodes_per_iteration"] == results["checks"]["episodes"]
+    # every run goes through marft fit: its training rollouts, and the held-out questions once per iteration
+    # (the untrained start included), all in the one store
+    assert store.count() == runs * (s["iterations"] * s["episodes_per_iteration"] + (s["iterations"] + 1) * s["heldout"])
+    assert results["checks"]["episodes"] == runs * s["iterations"] * s["episodes_per_iteration"]
 
-    two_agent = list(store.episodes(source="demo/marft_a/s0"))
+    two_agent = [ep for ep in store.episodes(source="demo/marft_a/s0") if ep.metadata["fit"]["split"] == "train"]
     assert len(two_agent) == s["iterations"] * s["episodes_per_iteration"]
+    assert all(ep.group is not None and ep.group.task_id == ep.task["question"] for ep in two_agent)
     for ep in two_agent:
         assert [a.agent for a in ep.actions] == ["planner", "solver"]
         planner, solver = ep.actions
@@ -94,10 +98,13 @@ def test_registry_holds_every_published_version(demo):
     out, results = demo
     reg = AdapterRegistry(out / "registry")
     n = results["settings"]["iterations"] + 1  # the untrained v1, then one per iteration
-    for name in ("planner-marft-a-s0", "solver-marft-t-s0", "agent-single-agent-s0"):
+    for run, name in (("marft_a-s0", "planner-marft-a-s0"), ("marft_t-s0", "solver-marft-t-s0"),
+                      ("single_agent-s0", "agent-single-agent-s0")):
         assert reg.versions(name) == list(range(1, n + 1))
-        assert reg.current(name) == n
         assert reg.manifest(name, n).parent == n - 1
+        # at the end fit promotes the versions with the best held-out accuracy (the earliest on ties)
+        best = json.loads((out / "runs" / run / "results.json").read_text())["best"]
+        assert reg.current(name) == best["versions"][name]
 
 
 def test_demo_never_empties_a_folder_it_did_not_make(tmp_path):

@@ -130,7 +130,7 @@ def test_a_seed_samples_the_same_tokens_alone_or_batched(engine):
 
 
 def test_worker_fault_fails_in_flight_requests_restarts_and_health_reports_it(engine, tiny_model_dir, registry):
-    from marft_bridge.serving.server import create_app
+    from marft_bridge.serving.http.server import create_app
 
     calls = {"n": 0}
 

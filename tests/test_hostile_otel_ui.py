@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from marft_bridge import recording
+from marft_bridge.capture import recording
 from marft_bridge.integrations import otel
 from marft_bridge.schema import Episode
 

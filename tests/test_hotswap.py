@@ -160,7 +160,7 @@ def test_bad_adapters_refused_old_keeps_serving(server, setup, tiny_model_dir):
     good = reg.path("planner", current)
 
     rank16 = reg.publish("planner", make_random_adapter(tiny_model_dir, tmp / "r16", seed=5, rank=16))
-    from marft_bridge.tinymodel import build_tiny_model
+    from marft_bridge.demo.tinymodel import build_tiny_model
 
     other_base = build_tiny_model(tmp / "other_base", seed=1, hidden_size=48)
     wrong_base = reg.publish("planner", make_random_adapter(other_base, tmp / "wb", seed=6))

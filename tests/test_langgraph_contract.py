@@ -20,7 +20,7 @@ from langgraph.pregel import _loop, _runner
 from test_capture_langgraph import chain_app, edges, fake, stored
 
 import marft_bridge as mb
-from marft_bridge import recording
+from marft_bridge.capture import recording
 from marft_bridge.integrations.langgraph import LANGGRAPH, channels, precision
 from marft_bridge.integrations.langgraph import provenance as pv
 

@@ -61,7 +61,7 @@ def test_round_scope_keeps_rounds_apart():
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory):
     pytest.importorskip("peft")
-    from marft_bridge.tinymodel import build_tiny_model
+    from marft_bridge.demo.tinymodel import build_tiny_model
     from marft_bridge.trainers.config import MarftConfig
     from marft_bridge.trainers.policy import MultiAgentPolicy
 

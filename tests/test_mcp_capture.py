@@ -10,8 +10,8 @@ from pathlib import Path
 
 import marft_bridge as mb
 from marft_bridge.integrations import mcp as cap
-from marft_bridge.integrations import propagation as prop
-from marft_bridge.recording import capture_stats, reset_capture_stats
+from marft_bridge.integrations.crossprocess import propagation as prop
+from marft_bridge.capture.recording import capture_stats, reset_capture_stats
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mcp_tools"
 

@@ -15,9 +15,9 @@ from langchain_core.messages import AIMessage
 
 import marft_bridge as mb
 from marft_bridge.integrations import mcp as cap
-from marft_bridge.integrations import propagation as prop
-from marft_bridge.messages import content_text
-from marft_bridge.recording import capture_stats, reset_capture_stats
+from marft_bridge.integrations.crossprocess import propagation as prop
+from marft_bridge.capture.messages import content_text
+from marft_bridge.capture.recording import capture_stats, reset_capture_stats
 
 HAS_ADAPTERS = importlib.util.find_spec("langchain_mcp_adapters") is not None
 

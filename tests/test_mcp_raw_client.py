@@ -13,8 +13,8 @@ from openai import AsyncOpenAI
 
 import marft_bridge as mb
 from marft_bridge.integrations import mcp as cap
-from marft_bridge.integrations import propagation as prop
-from marft_bridge.recording import capture_stats, reset_capture_stats
+from marft_bridge.integrations.crossprocess import propagation as prop
+from marft_bridge.capture.recording import capture_stats, reset_capture_stats
 
 
 def test_each_mcp_call_is_the_step_of_the_model_call_that_asked_for_it(sqlite_store, monkeypatch):

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from test_capture_openai import LOGPROBS, VERSIONS, server, token_model  # noqa: F401 - fixture reuse
 
 import marft_bridge as mb
-from marft_bridge import recording
+from marft_bridge.capture import recording
 from marft_bridge.integrations import otel
 from marft_bridge.store import TraceStore
 

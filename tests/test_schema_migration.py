@@ -1,5 +1,6 @@
-"""Schema version 2 (Observation.tools / tool_choice): version-1 episodes still load, everywhere they
-are read (parse, JSONL import, stored rows), and a newer version is still refused with a clear message."""
+"""Schema versions 2 (Observation.tools / tool_choice) and 3 (Episode.group / release): version-1
+episodes still load, everywhere they are read (parse, JSONL import, stored rows), and a newer version
+is still refused with a clear message."""
 
 from __future__ import annotations
 
@@ -30,24 +31,24 @@ V1 = {
 }
 
 
-def test_version_is_2_and_a_version_1_episode_loads_as_version_2():
-    assert SCHEMA_VERSION == 2
+def test_version_is_3_and_a_version_1_episode_loads_as_version_3():
+    assert SCHEMA_VERSION == 3
     ep = parse_episode(json.dumps(V1))
-    assert ep.schema_version == 2
+    assert ep.schema_version == 3
     obs = ep.actions[0].observation
     assert (obs.tools, obs.tool_choice, obs.messages[0].content) == (None, None, "2+3?")
     again = Episode.model_validate_json(ep.to_json())  # the fast path (store reads) upgrades the same way
-    assert again == ep and json.loads(ep.to_json())["schema_version"] == 2
-    expected = {**V1, "schema_version": 2}
+    assert again == ep and json.loads(ep.to_json())["schema_version"] == 3
+    expected = {**V1, "schema_version": 3, "group": None, "release": None}
     expected["actions"][0]["observation"] = {**V1["actions"][0]["observation"], "tools": None, "tool_choice": None}
     assert json.loads(ep.to_json()) == json.loads(json.dumps(expected))
 
 
 def test_a_newer_version_is_refused_clearly():
     with pytest.raises(RecordError) as e:
-        parse_episode({**V1, "schema_version": 3})
+        parse_episode({**V1, "schema_version": 4})
     assert e.value.field == "schema_version"
-    assert "unknown schema version 3; this marft_bridge reads versions 1, 2" in e.value.reason
+    assert "unknown schema version 4; this marft_bridge reads versions 1, 2, 3" in e.value.reason
     assert "upgrade marft_bridge" in e.value.reason
 
 
@@ -83,7 +84,7 @@ def test_jsonl_import_upgrades_version_1(store, tmp_path):
     report = store.import_(path)
     assert (report.added, report.refused) == (1, 0)
     assert store.get_episode("old") == parse_episode(V1)
-    assert store.get_episode("old").schema_version == 2
+    assert store.get_episode("old").schema_version == 3
 
 
 def test_a_version_1_row_in_the_store_reads_and_merges(store):
@@ -92,15 +93,15 @@ def test_a_version_1_row_in_the_store_reads_and_merges(store):
     with store._engine.begin() as conn:  # test-only: plant an old row
         table = sa.Table("marft_episodes", sa.MetaData(), autoload_with=conn)
         body = json.loads(conn.execute(sa.select(table.c.body)).scalar_one())
-        assert body["schema_version"] == 2
+        assert body["schema_version"] == 3
         body["schema_version"] = 1
         conn.execute(table.update().values(body=json.dumps(body)))
     ep = store.get_episode("old")
-    assert ep.schema_version == 2 and ep == parse_episode(V1)
+    assert ep.schema_version == 3 and ep == parse_episode(V1)
     assert [e.id for e in store.episodes()] == ["old"]
     # A second half, sent as version 1 too, merges into the old row.
     half = {"schema_version": 1, "id": "old", "actions": [
         {"id": "a1", "agent": "critic", "step": 1, "depends_on": ["a0"], "output": {"text": "ok"}}]}
     store.add_episode(half)
     merged = store.get_episode("old")
-    assert [a.id for a in merged.actions] == ["a0", "a1"] and merged.schema_version == 2
+    assert [a.id for a in merged.actions] == ["a0", "a1"] and merged.schema_version == 3

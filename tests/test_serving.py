@@ -13,7 +13,7 @@ import torch
 from marft_bridge.serving.fixtures import DirectModel, make_random_adapter
 from marft_bridge.serving.process import ServerProcess
 from marft_bridge.serving.registry import AdapterRegistry
-from marft_bridge.serving.sampling import processed_logprobs
+from marft_bridge.serving.engine.sampling import processed_logprobs
 
 KEY = "test-key"
 MESSAGES = [{"role": "user", "content": "Plan: add 2 and 3."}]

@@ -15,7 +15,7 @@ import pytest
 from test_engine_isolation import Collector
 
 from marft_bridge.serving.engine import AdapterEngine, GenerationRequest
-from marft_bridge.serving.engine_types import QueueFull
+from marft_bridge.serving.engine.types import QueueFull
 from marft_bridge.serving.process import ServerProcess
 
 KEY = "abandon-key"

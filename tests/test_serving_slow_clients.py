@@ -213,12 +213,12 @@ def test_the_read_deadlines_are_version_gated(monkeypatch, caplog):
     import uvicorn
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    from marft_bridge import http_limits
+    from marft_bridge.serving.http import limits as http_limits
 
     assert issubclass(http_limits.limited_h11_protocol(1.0, 1.0), H11Protocol)  # the installed one is supported
     assert [http_limits.uvicorn_supported(v) for v in ("0.29.9", "0.30.0", "0.54.0", "1.0.0", "dev")] == [
         False, True, True, False, False]
     monkeypatch.setattr(uvicorn, "__version__", "1.2.0")
-    with caplog.at_level("WARNING", logger="marft_bridge.http_limits"):
+    with caplog.at_level("WARNING", logger="marft_bridge.serving.http.limits"):
         assert http_limits.limited_h11_protocol(1.0, 1.0) == "h11"
     assert "uvicorn 1.2.0 is outside" in caplog.text and "without header/body read timeouts" in caplog.text

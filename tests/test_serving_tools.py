@@ -18,7 +18,7 @@ import torch
 from marft_bridge.serving.fixtures import DirectModel, make_random_adapter, train_memorising_model
 from marft_bridge.serving.process import ServerProcess
 from marft_bridge.serving.registry import AdapterRegistry
-from marft_bridge.serving.tool_calls import HermesParser
+from marft_bridge.serving.http.tool_calls import HermesParser
 
 KEY = "tools-key"
 TOOLS = [{"type": "function", "function": {

@@ -154,7 +154,7 @@ def test_non_json_and_unknown_routes_answer_openai_shaped_json(server):
 
 def test_an_unexpected_exception_is_a_json_500_logged_with_its_request_id(tiny_model_dir, caplog, monkeypatch):
     from marft_bridge.serving.engine import AdapterEngine
-    from marft_bridge.serving.server import create_app
+    from marft_bridge.serving.http.server import create_app
 
     engine = AdapterEngine(tiny_model_dir)
     try:
@@ -162,7 +162,7 @@ def test_an_unexpected_exception_is_a_json_500_logged_with_its_request_id(tiny_m
             raise ZeroDivisionError("a bug")
 
         monkeypatch.setattr(engine, "submit", broken_submit)
-        with AppServer(create_app(engine)) as srv, caplog.at_level(logging.ERROR, logger="marft_bridge.serving.server"):
+        with AppServer(create_app(engine)) as srv, caplog.at_level(logging.ERROR, logger="marft_bridge.serving.http.server"):
             for stream in (False, True):
                 r = httpx.post(srv.base_url + "/chat/completions", json={"model": "base", "messages": MSG, "stream": stream})
                 err = error_of(r, 500)

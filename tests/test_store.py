@@ -352,7 +352,7 @@ def test_oversized_record_is_refused_and_its_dead_letter_is_capped(store):
     assert (e.value.record, e.value.field) == ("episode ep0", "actions.1.output.text")
     (letter,) = store.dead_letters()
     assert letter.field == "actions.1.output.text"
-    assert letter.raw.startswith('{"schema_version": 2, "id": "ep0"')
+    assert letter.raw.startswith('{"schema_version": 3, "id": "ep0"')
     assert len(letter.raw) < MAX_DEAD_LETTER_CHARS + 100 and letter.raw.endswith("chars kept]")
     assert store.count() == 0
 
@@ -505,7 +505,9 @@ def test_the_store_modules_import_each_other_in_one_direction():
             if isinstance(node, ast.ImportFrom) and node.level == 1:
                 deps |= {node.module} if node.module else {a.name for a in node.names}
         graph[path.stem] = {d.split(".")[0] for d in deps} - {path.stem}
-    assert graph["files"] == {"records"} and graph["writer"] == set()
+    # files takes an EpisodeFilter (a leaf: tables and rows only), the writers nothing of the store.
+    assert graph["files"] == {"records", "filters"} and graph["writer"] == set()
+    assert graph["filters"] == {"tables", "rows"}
     assert {"files", "writer_process", "writer_groups", "records", "tables"} <= graph["tracestore"]
     assert graph["writer_process"] == {"writer"}
 

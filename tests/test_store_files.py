@@ -110,7 +110,7 @@ def test_import_refuses_bad_lines_and_keeps_the_rest(store, tmp_path):
         json.dumps(cycle),
         "",
         good[1].model_dump_json(),
-        json.dumps({**good[2].model_dump(mode="json"), "schema_version": 3}),
+        json.dumps({**good[2].model_dump(mode="json"), "schema_version": 4}),
         json.dumps(["not", "an", "object"]),
     ]
     path = tmp_path / "mixed.jsonl"
@@ -121,7 +121,7 @@ def test_import_refuses_bad_lines_and_keeps_the_rest(store, tmp_path):
     assert records == ["mixed.jsonl line 2", "mixed.jsonl line 3, episode ep7", "mixed.jsonl line 6, episode ep2",
                        "mixed.jsonl line 7", "mixed.jsonl line 8"]
     assert "dependency cycle" in report.refusals[1].reason
-    assert "unknown schema version 3" in report.refusals[2].reason
+    assert "unknown schema version 4" in report.refusals[2].reason
     assert [e.id for e in store.episodes()] == ["ep0", "ep1"]
     letters = store.dead_letters()
     assert len(letters) == 5 and letters[-1].raw == "{broken json\n"

@@ -57,7 +57,7 @@ def usable(store: TraceStore, tmp_path, expected: set[str]) -> None:
     """Every stored episode exports, trains (the trainer's own store source and batch builder) and lists in the UI."""
     from test_ui_api import client_for
 
-    from marft_bridge.tinymodel import build_tokenizer
+    from marft_bridge.demo.tinymodel import build_tokenizer
     from marft_bridge.trainers.batch import build_batch
     from marft_bridge.trainers.sources import load_episodes, read_jsonl
     from marft_bridge.ui.app import create_app
@@ -229,7 +229,7 @@ def test_a_deep_record_through_capture_add_and_submit_is_dead_lettered_and_the_r
     for d in store.dead_letters():
         assert "max_depth" in d.reason and len(d.raw) < 100_000
         assert '"…"' in d.raw and d.raw.endswith("}")  # the levels past the preview's depth cut, the rest kept
-    assert letter_for(store, "episode added").raw.startswith('{"schema_version": 2, "id": "added", "source": "manual"')
+    assert letter_for(store, "episode added").raw.startswith('{"schema_version": 3, "id": "added", "source": "manual"')
     usable(store, tmp_path, {"g0", "g1", "g2", "g3"})
 
 

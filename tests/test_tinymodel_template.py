@@ -9,7 +9,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from marft_bridge.tinymodel import build_tokenizer
+from marft_bridge.demo.tinymodel import build_tokenizer
 
 # The template before tools, verbatim: plain conversations must render byte for byte like this.
 OLD_TEMPLATE = (

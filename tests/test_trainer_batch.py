@@ -7,7 +7,7 @@ import pytest
 from marft_bridge.errors import MarftError
 from marft_bridge.schema import Action, Episode, Message, Observation, Output, Reward, SamplingParams
 from marft_bridge.trainers.batch import build_batch
-from marft_bridge.tinymodel import build_tokenizer
+from marft_bridge.demo.tinymodel import build_tokenizer
 
 
 @pytest.fixture(scope="module")

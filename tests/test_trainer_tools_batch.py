@@ -9,7 +9,7 @@ import json
 import pytest
 
 from marft_bridge.schema import Action, Episode, Message, Observation, Output, Policy, Reward
-from marft_bridge.tinymodel import build_tokenizer
+from marft_bridge.demo.tinymodel import build_tokenizer
 from marft_bridge.trainers.batch import build_batch
 
 ADD = {"type": "function", "function": {"name": "add", "description": "Add two integers.",
@@ -119,7 +119,8 @@ def test_a_template_that_rewrites_earlier_turns_is_counted_not_trained(tok):
 
 
 def supervisor_episode() -> Episode:
-    """langgraph-supervisor's shape: subgraph-path agents; each call names the model (adapter) it used."""
+    """langgraph-supervisor's shape: subgraph-path agents; each call names the model (adapter) it used
+    and, as our server reports it, that adapter's version."""
     q = [Message(role="user", content="2+3?")]
     route = Action(id="s1", agent="supervisor/agent", step=0, policy=Policy(name="supervisor", version=3),
                    observation=Observation(messages=q, tools=[TRANSFER]),
@@ -131,11 +132,11 @@ def supervisor_episode() -> Episode:
     seen = q + [Message(role="assistant", tool_calls=route.output.tool_calls),
                 Message(role="tool", content="Successfully transferred to math_expert", tool_call_id="call_h",
                         name="transfer_to_math_expert")]
-    work = Action(id="w1", agent="math_expert/agent", step=2, depends_on=["h1"], policy=Policy(name="math_expert"),
+    work = Action(id="w1", agent="math_expert/agent", step=2, depends_on=["h1"], policy=Policy(name="math_expert", version=1),
                   observation=Observation(messages=seen, tools=[ADD]),
                   output=Output(tool_calls=[CALL], finish_reason="tool_calls"))
     add = Action(id="t1", agent="math_expert/tools", step=3, kind="tool", depends_on=["w1"], output=Output(text="5"))
-    done = Action(id="w2", agent="math_expert/agent", step=4, depends_on=["t1"], policy=Policy(name="math_expert"),
+    done = Action(id="w2", agent="math_expert/agent", step=4, depends_on=["t1"], policy=Policy(name="math_expert", version=1),
                   observation=Observation(messages=seen + [Message(role="assistant", tool_calls=[CALL]),
                                                            Message(role="tool", content="5", tool_call_id="call_1")],
                                           tools=[ADD]),
@@ -144,7 +145,7 @@ def supervisor_episode() -> Episode:
     check = Action(id="r1", agent="checker/agent", step=5, depends_on=["w2"], policy=Policy(name="Qwen/Qwen2.5-0.5B"),
                    observation=Observation(messages=[Message(role="user", content="5?")]),
                    output=Output(text="ok", finish_reason="stop"))
-    final = Action(id="s2", agent="supervisor/agent", step=6, depends_on=["r1"], policy=Policy(name="supervisor"),
+    final = Action(id="s2", agent="supervisor/agent", step=6, depends_on=["r1"], policy=Policy(name="supervisor", version=3),
                    observation=Observation(messages=[Message(role="user", content="done?")]),
                    output=Output(text="5", finish_reason="stop"))
     return Episode(id="sup", actions=[route, handoff, work, add, done, check, final],

@@ -268,7 +268,7 @@ def test_action_detail_tool_call_tokens_policy_sampling(ui):
 
 
 def test_tokens_shown_as_text_with_a_tokenizer(store, tmp_path):
-    from marft_bridge.tinymodel import build_tokenizer
+    from marft_bridge.demo.tinymodel import build_tokenizer
     from marft_bridge.ui.app import create_app
 
     tok = build_tokenizer()

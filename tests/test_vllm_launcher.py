@@ -115,7 +115,7 @@ def test_not_ready_in_time_is_stopped(standin, tmp_path):
 def test_cli_print_command(tmp_path, monkeypatch, capsys):
     from marft_bridge.serving import AdapterRegistry
     from marft_bridge.serving.fixtures import make_random_adapter
-    from marft_bridge.tinymodel import build_tiny_model
+    from marft_bridge.demo.tinymodel import build_tiny_model
 
     base = build_tiny_model(tmp_path / "base")
     reg = AdapterRegistry(tmp_path / "registry")

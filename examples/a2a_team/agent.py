@@ -32,7 +32,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 
 import marft_bridge as mb
 from marft_bridge.integrations import a2a as cap
-from marft_bridge.integrations.propagation import flush_joins
+from marft_bridge.integrations.crossprocess.propagation import flush_joins
 
 
 def fake_model(text: str) -> GenericFakeChatModel:

@@ -90,7 +90,7 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     import marft_bridge as mb
     from marft_bridge.integrations.mcp import instrument_server
-    from marft_bridge.integrations.propagation import flush_joins
+    from marft_bridge.integrations.crossprocess.propagation import flush_joins
     from server import build_server
 
     store_path = args.store or str(Path(tempfile.mkdtemp()) / "tools.db")

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import marft_bridge as mb
     from marft_bridge.integrations.mcp import instrument_server
-    from marft_bridge.integrations.propagation import flush_joins
+    from marft_bridge.integrations.crossprocess.propagation import flush_joins
 
     ap = argparse.ArgumentParser(description="Serve the example MCP tools on 127.0.0.1 with capture.")
     ap.add_argument("--port", type=int, required=True)

@@ -43,7 +43,7 @@ def warm_start(out: Path, demos, steps: int, seed: int) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from marft_bridge.demo.warmstart import pad_examples
-    from marft_bridge.tinymodel import build_tiny_model
+    from marft_bridge.demo.tinymodel import build_tiny_model
     from marft_bridge.trainers.batch import build_batch
 
     target = out / "base"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, TypedDict
 
-from ..episode_context import record_in_framework_task
+from ..capture.episode_context import record_in_framework_task
 from .relay import RelaySpec, reward
 
 SEED_STRIDE = 16  # generator seed of hop h in a rollout: rollout_seed * SEED_STRIDE + h

@@ -157,7 +157,7 @@ def warm_start(spec: RelaySpec, cache_dir: str | Path, config: WarmStartConfig |
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..demo.warmstart import encode_examples, pad_examples
-    from ..tinymodel import build_tiny_model
+    from ..demo.tinymodel import build_tiny_model
 
     config = config or WarmStartConfig()
     # The even mix hashes as before the field existed: its cached models stay valid.

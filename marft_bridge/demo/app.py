@@ -6,7 +6,8 @@ LoRA adapter.
 
 Every request asks for log-probs and (``extra_body``) the sampled token ids, which the capture hooks
 record as the behaviour policy's data for training. A run whose input carries ``seed`` sends it with
-each request (planner ``seed``, solver ``seed + 1``), so the server samples it reproducibly.
+each request (planner ``seed``, solver ``seed + 1``), so the server samples it reproducibly; under
+``marft fit`` the rollout's seed is used the same way.
 """
 
 from __future__ import annotations
@@ -99,7 +100,11 @@ def build_single_agent_app(
 
 
 def _seed(state: DemoState, offset: int) -> dict:
-    return {"seed": state["seed"] + offset} if state.get("seed") is not None else {}
+    """The run's seed (its input's ``seed``, else the rollout seed ``marft fit`` set) plus ``offset``."""
+    from ..fitting.endpoint import current_seed
+
+    seed = state["seed"] if state.get("seed") is not None else current_seed()
+    return {"seed": seed + offset} if seed is not None else {}
 
 
 def _chain(name: str, nodes: list[tuple[str, object]]):

@@ -1,13 +1,14 @@
 """``marft demo``: the whole loop on embedded defaults, and the comparison that says whether it helps.
 
-For every method (MARFT-A, MARFT-T, single-agent PPO) and seed, on one embedded server:
+For every method (MARFT-A, MARFT-T, single-agent PPO) and seed, one ``marft_bridge.fit`` run of the
+demo app on one shared embedded server, registry and store (the demo is ``fit``'s first user):
 
 1. publish the untrained adapters as v1 of each agent and hot-load them;
-2. each iteration: run the instrumented LangGraph app on training questions (every request goes
-   through the server, every run is captured into the store with token ids, log-probs and the
-   adapter version that served it), train one update from the store's new episodes, publish the
-   new adapters as the next registry version and hot-swap them into the running server, then
-   measure held-out accuracy through the server.
+2. each iteration: run the LangGraph app on training questions (every request goes through the
+   server, every run is captured into the store with token ids, log-probs, the adapter version that
+   served it and its group), train one update from those episodes, publish the new adapters as the
+   next registry version and hot-swap them into the running server, then measure held-out accuracy
+   through the server (the same seeds every iteration).
 
 Methods: MARFT-A (dependency order, M over ancestors, clipped), independent per-agent PPO (the same
 adapters with M = 1: what the sequential trust region adds), MARFT-T, and single-agent PPO (one
@@ -49,7 +50,8 @@ UNTRAINED = {"two_agent": "untrained two-agent system", "single_agent": "untrain
 class DemoSettings(BaseModel):
     seeds: int = 2
     iterations: int = 6
-    episodes_per_iteration: int = 48
+    episodes_per_iteration: int = 48  # tasks x group_size
+    group_size: int = 1  # rollouts per question (2+ for group advantages)
     heldout: int = 96
     eval_samples: int = 24  # in-process samples per held-out question for the table
     concurrency: int = 16
@@ -73,86 +75,93 @@ class DemoSettings(BaseModel):
         return cls(seeds=1, iterations=2, episodes_per_iteration=8, heldout=12, eval_samples=2)
 
 
-class _Run:
-    """One (method, seed): its trainer, its adapter names on the server, its instrumented app."""
+def _write_tasks(out: Path, splits, heldout) -> tuple[Path, Path]:
+    """The demo's questions as ``marft fit`` task files (one app input per line, the question as its id)."""
+    d = out / "tasks"
+    d.mkdir(exist_ok=True)
+    for name, problems in (("train", splits.train), ("heldout", heldout)):
+        (d / f"{name}.jsonl").write_text("".join(json.dumps({"id": p.question, "question": p.question}) + "\n"
+                                                 for p in problems))
+    return d / "train.jsonl", d / "heldout.jsonl"
 
-    def __init__(self, method: str, seed: int, base: Path, server, key: str, registry, store, s: DemoSettings,
-                 run_dir: Path):
-        from ..integrations.langgraph import instrument
-        from ..serving import EmbeddedServerPublisher
-        from ..trainers.config import MarftConfig
-        from ..trainers.marft import MarftTrainer
-        from . import app as demo_app
-        from . import task
 
-        self.registry, self.store = registry, store
-        self.publisher = EmbeddedServerPublisher(server.url, key)
-        self.source = f"demo/{method}/s{seed}"
-        single = method == "single_agent"
-        # Captured agents are the graph's node names; the server names adapters per run.
-        agents = ["agent"] if single else ["planner", "solver"]
-        self.served = {a: f"{a}-{method}-s{seed}".replace("_", "-") for a in agents}
-        self.single = single
-        self.seed = seed
-        # The trainer writes one metrics line per update in run_dir, as `marft train` does: `marft ui
-        # --runs out/runs` plots each (method, seed) run. No checkpoints: a demo run is not resumed.
-        config = MarftConfig(seed=seed, **{"checkpoint_every": None, **s.trainer, **METHOD_CONFIG[method]})
-        self.trainer = MarftTrainer(config, base, agents=agents, out_dir=run_dir)
+def _reward(inputs: dict, outputs: dict) -> float:
+    from . import task
+
+    return task.reward(inputs["question"], outputs.get("answer"))
+
+
+def _factory(single: bool, temperature: float):
+    """FACTORY(endpoint) for ``fit``: the demo app, each agent's model the adapter ``fit`` serves for it."""
+    from . import app as demo_app
+
+    def build(endpoint):
         if single:
-            build = lambda: demo_app.build_single_agent_app(server.url, key, model=self.served["agent"],  # noqa: E731
-                                                            temperature=s.temperature)
-        else:
-            build = lambda: demo_app.build_app(server.url, key, planner_model=self.served["planner"],  # noqa: E731
-                                               solver_model=self.served["solver"], temperature=s.temperature)
-        self.eval_app = build()
-        self.app = instrument(build(), store=store, source=self.source,
-                              reward_fn=lambda inputs, outputs: task.reward(inputs["question"], outputs.get("answer")))
-        self.versions: list[dict[str, int]] = []
-        self.publish()
+            return demo_app.build_single_agent_app(endpoint.base_url, endpoint.api_key, model=endpoint.model("agent"),
+                                                   temperature=temperature)
+        return demo_app.build_app(endpoint.base_url, endpoint.api_key, planner_model=endpoint.model("planner"),
+                                  solver_model=endpoint.model("solver"), temperature=temperature)
 
-    def publish(self, metrics: dict | None = None) -> dict[str, int]:
-        """Save the trainer's adapters as each agent's next version and hot-swap them in."""
-        import tempfile
+    return build
 
-        with tempfile.TemporaryDirectory() as tmp:
-            self.trainer.save_adapters(tmp)
-            versions = {}
-            for agent, name in self.served.items():
-                v = self.registry.publish(name, Path(tmp) / agent, metrics=metrics or {},
-                                          config=self.trainer.config.model_dump(mode="json"))
-                self.registry.promote(name, v, publisher=self.publisher)
-                versions[agent] = v
-        self.versions.append(versions)
-        return versions
 
-    def rollout(self, problems, concurrency: int, seed: int) -> list:
-        """Run the instrumented app (run k sends seed ``seed + 2k``); return the captured episodes."""
-        cursor = self.store.cursor()
-        self.app.batch([{"question": p.question, "seed": seed + 2 * k} for k, p in enumerate(problems)],
-                       config={"max_concurrency": concurrency})
-        self.store.flush()
-        _, ids = self.store.changed_since(cursor)
-        return [e for e in (self.store.get_episode(i) for i in ids) if e.source == self.source]
+def _trainer_config(method: str, seed: int, s: DemoSettings) -> dict:
+    # No periodic trainer checkpoints: fit keeps its own, once per iteration.
+    return {"seed": seed, "checkpoint_every": None, **s.trainer, **METHOD_CONFIG[method]}
 
-    def accuracy(self, problems, concurrency: int) -> float:
-        from . import task
 
-        # The same seeds at every iteration: the curve's steps are changes of the adapters, not of the draw.
-        outs = self.eval_app.batch([{"question": p.question, "seed": 10**9 + 2 * k} for k, p in enumerate(problems)],
-                                   config={"max_concurrency": concurrency})
-        return sum(task.reward(p.question, o.get("answer")) for p, o in zip(problems, outs)) / len(problems)
+def _fit_run(method: str, seed: int, base: Path, server, key: str, s: DemoSettings, out: Path, files, console) -> dict:
+    """One (method, seed) through ``marft_bridge.fit`` on the shared server, registry and store. Captured
+    agents are the graph's node names; the server names their adapters per run."""
+    from ..fitting import fit
+
+    agents = ["agent"] if method == "single_agent" else ["planner", "solver"]
+    served = {a: f"{a}-{method}-s{seed}".replace("_", "-") for a in agents}
+    console.print(f"[bold]{METHODS[method]}[/] seed {seed}")
+    return fit(_factory(method == "single_agent", s.temperature), files[0], _reward, base, agents,
+               out / "runs" / f"{method}-s{seed}", val=files[1], config=_trainer_config(method, seed, s),
+               iterations=s.iterations, tasks_per_iteration=max(1, s.episodes_per_iteration // s.group_size),
+               group_size=s.group_size, concurrency=s.concurrency, seed=seed, server=server.url, api_key=key,
+               publisher="embedded", registry=out / "registry", store=str(out / "traces.db"),
+               source=f"demo/{method}/s{seed}", served=served, console=console)
+
+
+def _final_trainer(method: str, seed: int, base: Path, s: DemoSettings, run_dir: Path):
+    """A trainer holding the run's last adapters, for the in-process held-out table."""
+    from ..trainers.config import MarftConfig
+    from ..trainers.marft import MarftTrainer
+
+    agents = ["agent"] if method == "single_agent" else ["planner", "solver"]
+    from types import SimpleNamespace
+
+    trainer = MarftTrainer(MarftConfig(**_trainer_config(method, seed, s)), base, agents=agents)
+    trainer.load_adapters(run_dir / "adapters")
+    return SimpleNamespace(trainer=trainer, single=method == "single_agent")
+
+
+def _check_run(store, source: str, rows: list[dict]) -> tuple[int, bool]:
+    """(training episodes, whether every one was served by the versions live in its iteration)."""
+    n, ok = 0, True
+    for ep in store.episodes(source=source):
+        info = ep.metadata.get("fit", {})
+        if info.get("split") != "train" or info.get("outcome") != "ok":
+            continue
+        n += 1
+        live = next(r["versions"] for r in rows if r["iteration"] == info["iteration"] - 1)
+        ok &= all(a.policy is not None and a.policy.version == live[a.policy.name] for a in ep.actions if a.kind == "llm")
+    return n, ok
 
 
 def run_demo(out: str | Path = ".marft/demo", quick: bool = False, seeds: int | None = None,
              iterations: int | None = None, settings: DemoSettings | None = None,
              model_cache: str | Path | None = None) -> dict:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from transformers.utils import logging as hf_logging
 
     from ..serving import AdapterRegistry, ServerProcess
     from ..store import TraceStore
     from . import task
+    from .evaluate import load_model
     from .warmstart import DEFAULT_CACHE_DIR, WarmStartConfig, warm_start
 
     s = settings or (DemoSettings.quick() if quick else DemoSettings())
@@ -169,48 +178,33 @@ def run_demo(out: str | Path = ".marft/demo", quick: bool = False, seeds: int | 
     # The warm start's own split: its demonstrations never saw these held-out questions.
     splits = task.make_splits(seed=warm.split_seed, heldout_size=warm.heldout_size)
     heldout = splits.heldout[: s.heldout]
+    files = _write_tasks(out, splits, heldout)
     store = TraceStore.open(out / "traces.db")
     registry = AdapterRegistry(out / "registry")
     key = secrets.token_hex(16)
     curves: dict[str, list[list[float]]] = {m: [] for m in s.methods}
     final: dict[str, list[dict]] = {m: [] for m in s.methods}
     untrained: dict[str, dict] = {}
-    from .evaluate import load_model
-
     _, tokenizer = load_model(base)  # left-padded, for batched in-process generation
     checks = {"episodes": 0, "versions_recorded": True}
 
     console.print(f"[bold]2/3[/] embedded server on {base.name}; {len(s.methods)} methods x {s.seeds} seeds x "
-                  f"{s.iterations} iterations of {s.episodes_per_iteration} episodes")
-    with ServerProcess(base, registry, api_key=key) as server, Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[status]}"), console=console,
-    ) as bar:
-        job = bar.add_task("runs", total=len(s.methods) * s.seeds * s.iterations, status="")
+                  f"{s.iterations} iterations of {s.episodes_per_iteration} episodes, each run through marft fit")
+    with ServerProcess(base, registry, api_key=key) as server:
         for method in s.methods:
             for seed in range(s.seeds):
-                run = _Run(method, seed, base, server, key, registry, store, s, out / "runs" / f"{method}-s{seed}")
-                curve = [run.accuracy(heldout, s.concurrency)]
-                for it in range(s.iterations):
-                    bar.update(job, description=f"{METHODS[method]} seed {seed}",
-                               status=f"iter {it + 1}: held-out {curve[-1]:.2f}")
-                    problems = task.sample_problems(splits.train, s.episodes_per_iteration, seed=seed * 1000 + it)
-                    episodes = run.rollout(problems, s.concurrency, seed=(seed * 1000 + it) * 10**4)
-                    checks["episodes"] += len(episodes)
-                    live = run.versions[-1]
-                    checks["versions_recorded"] &= all(
-                        a.policy is not None and a.policy.version == live[a.agent]
-                        for e in episodes for a in e.actions if a.kind == "llm")
-                    metrics = run.trainer.train_on(episodes)
-                    run.publish(metrics={"train_reward": metrics.get("reward_mean", 0.0)})
-                    curve.append(run.accuracy(heldout, s.concurrency))
-                    bar.advance(job)
-                curves[method].append(curve)
-                bar.update(job, status="held-out evaluation")
+                res = _fit_run(method, seed, base, server, key, s, out, files, console)
+                rows = res["iterations"]
+                curves[method].append([r["val_reward"] for r in rows])
+                n, ok = _check_run(store, f"demo/{method}/s{seed}", rows)
+                checks["episodes"] += n
+                checks["versions_recorded"] &= ok
+                run = _final_trainer(method, seed, base, s, out / "runs" / f"{method}-s{seed}")
                 final[method].append(_evaluate(run, tokenizer, heldout, s, seed=seed))
                 if UNTRAINED[_kind(method)] not in untrained:  # the v1 adapters are the identity: one evaluation
                     untrained[UNTRAINED[_kind(method)]] = _evaluate(run, tokenizer, heldout, s, seed=-1, untrained=True)
-                _write_metrics(out, method, seed, curve, run.versions, final[method][-1])
+                _write_metrics(out, method, seed, curves[method][-1], [r["versions"] for r in rows],
+                               final[method][-1])
 
     results = _summarise(curves, final, untrained, s, time.perf_counter() - started, checks, out)
     _print_table(console, results)
@@ -239,7 +233,7 @@ def _kind(method: str) -> str:
     return "single_agent" if method == "single_agent" else "two_agent"
 
 
-def _evaluate(run: _Run, tokenizer, heldout, s: DemoSettings, seed: int, untrained: bool = False) -> dict:
+def _evaluate(run, tokenizer, heldout, s: DemoSettings, seed: int, untrained: bool = False) -> dict:
     from .evaluate import evaluate_trainer
 
     r = evaluate_trainer(run.trainer, tokenizer, heldout, two_agent=not run.single, samples=s.eval_samples,

@@ -199,7 +199,7 @@ def warm_start(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..tinymodel import build_tiny_model
+    from .tinymodel import build_tiny_model
 
     config = config or WarmStartConfig()
     cache_dir = Path(cache_dir)

@@ -28,35 +28,31 @@ it costs seconds, so capture never does); otherwise call ``integrations.openai_a
 
 from __future__ import annotations
 
-import contextvars
+import importlib
 import importlib.util
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .. import recording
+from . import INTEGRATIONS
+from ..capture import recording
+from ..capture.episode_context import OPEN_CAPTURE
 from ..capture_errors import guarded
-
-_OPEN: contextvars.ContextVar[capture | None] = contextvars.ContextVar("marft_open_capture", default=None)
-
-
-def _open_capture() -> capture | None:
-    return _OPEN.get()
-
+from ..seams import RegistryRef
 
 def instrument_clients() -> None:
-    """Instrument the raw-client captures whose packages are present, for the process (idempotent;
-    never raises into the app)."""
-    with guarded("session.install"):
-        if "openai" in sys.modules or importlib.util.find_spec("openai") is not None:
-            from . import openai as oa
-
-            oa.instrument()
-        if "agents" in sys.modules:
-            from . import openai_agents
-
-            openai_agents.instrument(None, _open_capture)
+    """Instrument, for the process, the integrations the table marks for ``episode``/``capture`` blocks
+    (``integrations.INTEGRATIONS``: ``session``) whose library is present (idempotent; never raises
+    into the app)."""
+    for it in INTEGRATIONS:
+        if it.session is None or it.import_name is None:
+            continue
+        with guarded(f"session.install.{it.name}"):
+            present = it.import_name in sys.modules or (
+                it.session == "installed" and importlib.util.find_spec(it.import_name) is not None)
+            if present:
+                importlib.import_module(it.module).instrument()
 
 
 @contextmanager
@@ -65,7 +61,7 @@ def episode(
     task: Any = None,
     source: str = "manual",
     metadata: dict[str, Any] | None = None,
-    registry: Any = None,
+    registry: RegistryRef | None = None,
 ) -> Iterator[recording.EpisodeRecorder]:
     """Group everything captured in the block into one Episode (``recording.episode``), with the
     raw-client captures instrumented (see the module docstring)."""
@@ -87,7 +83,7 @@ class capture:
     module docstring). ``c.episode_ids``: the episodes this block recorded, in finishing order."""
 
     def __init__(self, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
-                 source: str = "langgraph", registry: Any = None):
+                 source: str = "langgraph", registry: RegistryRef | None = None):
         self.store, self.reward_fn, self.source, self.registry = store, reward_fn, source, registry
         self.episode_ids: list[str] = []
         lg = _langgraph_capture()
@@ -100,11 +96,11 @@ class capture:
         instrument_clients()
         if self.langgraph is not None:
             self.langgraph.__enter__()
-        self._token = _OPEN.set(self)
+        self._token = OPEN_CAPTURE.set(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _OPEN.reset(self._token)
+        OPEN_CAPTURE.reset(self._token)
         if self.langgraph is not None:
             self.langgraph.__exit__(*exc)
 

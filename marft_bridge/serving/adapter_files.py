@@ -111,9 +111,36 @@ def inspect_adapter(path: str | Path, weights: dict | None = None, config: dict 
     loaded them, so what is vetted is what the caller goes on to use; else the files are read here.
     """
     path = Path(path)
-    data = read_weights(path) if weights is None else None
+    data = read_weights(path) if weights is None else None  # a missing weights file is named first
     if config is None:
         config = read_config(path)[1]
+    rank, targets = _check_config(path, config)
+    if weights is None:
+        weights = load_weights(path, data)
+    modules, amax = _lora_modules(path, weights, rank, targets)
+    alpha, scale = _lora_scale(path, config, rank)
+    # |(B @ A)[i, j]| <= r * max|A| * max|B|: finite here means no weight delta can overflow.
+    bound = max(abs(scale) * rank * amax[f"base_model.model.{m}.lora_A.weight"]
+                * amax[f"base_model.model.{m}.lora_B.weight"] for m in modules)
+    lora_config(path, config)  # what the engine builds from this config: refused now, not at load
+    info = AdapterInfo(
+        path=str(path),
+        rank=rank,
+        alpha=alpha,
+        scale=scale,
+        delta_bound=bound,
+        target_modules=tuple(sorted(targets)),
+        base_model=config.get("base_model_name_or_path"),
+        modules=modules,
+        config=config,
+    )
+    # float32 is the widest range the server runs (bfloat16 has the same); the engine checks its own dtype.
+    check_range(info)
+    return info
+
+
+def _check_config(path: Path, config: dict) -> tuple[int, list[str]]:
+    """The config's rank and target modules, once it is known to be a plain LoRA config."""
     if config.get("peft_type") != "LORA":
         raise AdapterError(f"{path}: peft_type {config.get('peft_type')!r} is not LORA")
     # The same restrictions vLLM applies, so an adapter that serves here also serves there.
@@ -133,11 +160,15 @@ def inspect_adapter(path: str | Path, weights: dict | None = None, config: dict 
         targets = [targets]
     if not targets or not all(isinstance(t, str) for t in targets):
         raise AdapterError(f"{path}: target_modules must be a non-empty list of module names")
+    return rank, targets
 
-    if weights is None:
-        weights = load_weights(path, data)
+
+def _lora_modules(path: Path, weights: dict, rank: int,
+                  targets: list[str]) -> tuple[dict[str, tuple[int, int]], dict[str, float]]:
+    """module path -> (in_features, out_features) from paired lora_A / lora_B tensors of rank
+    ``rank``, and each tensor key's largest |entry|."""
     shapes: dict[str, dict[str, tuple[int, int]]] = {}
-    amax: dict[str, float] = {}  # tensor key -> its largest |entry|
+    amax: dict[str, float] = {}
     for key, tensor in weights.items():
         m = _KEY.match(key)
         if m is None:
@@ -163,32 +194,18 @@ def inspect_adapter(path: str | Path, weights: dict | None = None, config: dict 
         if not any(module == t or module.endswith("." + t) for t in targets):
             raise AdapterError(f"{path}: module {module} is not among target_modules {targets}")
         modules[module] = (in_features, out_features)
+    return modules, amax
 
+
+def _lora_scale(path: Path, config: dict, rank: int) -> tuple[float, float]:
+    """``lora_alpha`` and what peft multiplies the LoRA output by: alpha / r, or alpha / sqrt(r) with rsLoRA."""
     alpha = config.get("lora_alpha", rank)
     try:  # a bool is an int to Python, not a number here; a huge JSON int does not fit a float
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(float(alpha)):
             raise OverflowError
     except OverflowError:
         raise AdapterError(f"{path}: lora_alpha {alpha!r} is not a finite number") from None
-    scale = float(alpha) / (math.sqrt(rank) if config.get("use_rslora") else rank)
-    # |(B @ A)[i, j]| <= r * max|A| * max|B|: finite here means no weight delta can overflow.
-    bound = max(abs(scale) * rank * amax[f"base_model.model.{m}.lora_A.weight"]
-                * amax[f"base_model.model.{m}.lora_B.weight"] for m in modules)
-    lora_config(path, config)  # what the engine builds from this config: refused now, not at load
-    info = AdapterInfo(
-        path=str(path),
-        rank=rank,
-        alpha=float(alpha),
-        scale=scale,
-        delta_bound=bound,
-        target_modules=tuple(sorted(targets)),
-        base_model=config.get("base_model_name_or_path"),
-        modules=modules,
-        config=config,
-    )
-    # float32 is the widest range the server runs (bfloat16 has the same); the engine checks its own dtype.
-    check_range(info)
-    return info
+    return float(alpha), float(alpha) / (math.sqrt(rank) if config.get("use_rslora") else rank)
 
 
 def check_range(info: AdapterInfo, dtype=None) -> None:

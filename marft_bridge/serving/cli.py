@@ -15,14 +15,19 @@ import logging
 import os
 import sys
 
-from .. import http_limits
 from ..errors import MarftError, RecordError
-from .engine_types import DEFAULT_MAX_QUEUED
+from .engine.types import DEFAULT_MAX_QUEUED
+from .http import limits as http_limits
 
 DEFAULT_REGISTRY = os.environ.get("MARFT_REGISTRY", ".marft/adapters")
 
 
 def add_commands(sub) -> None:
+    _add_serve(sub)
+    _add_adapters(sub)
+
+
+def _add_serve(sub) -> None:
     serve = sub.add_parser(
         "serve",
         help="run the OpenAI-compatible server with per-agent LoRA adapters and hot-swap",
@@ -53,20 +58,24 @@ def add_commands(sub) -> None:
     http_limits.add_flags(serve, limit_concurrency=512)
     serve.set_defaults(func=_serve)
 
+
+def _registry_flags(p, server: bool = False) -> None:
+    p.add_argument("--registry", default=DEFAULT_REGISTRY, help="registry root (env MARFT_REGISTRY)")
+    if server:
+        g = p.add_mutually_exclusive_group()
+        g.add_argument("--server", help="URL of a running `marft serve` to load the version into")
+        g.add_argument("--vllm", help="URL of a vLLM server (runtime LoRA updating enabled) to load it into")
+        p.add_argument("--api-key", default=os.environ.get("MARFT_API_KEY"), help="server API key (env MARFT_API_KEY)")
+
+
+def _add_adapters(sub) -> None:
     ad = sub.add_parser("adapters", help="versioned per-agent adapter registry",
                         description="Publish, promote, roll back and list versioned LoRA adapters "
                         "(<registry>/<agent>/v<N>/). With --server/--vllm, promote and rollback also "
                         "hot-swap the version into that running server, and keep the old current "
                         "version if the server refuses the new one.")
     asub = ad.add_subparsers(dest="adapters_command", metavar="ACTION", required=True)
-
-    def common(p, server: bool = False):
-        p.add_argument("--registry", default=DEFAULT_REGISTRY, help="registry root (env MARFT_REGISTRY)")
-        if server:
-            g = p.add_mutually_exclusive_group()
-            g.add_argument("--server", help="URL of a running `marft serve` to load the version into")
-            g.add_argument("--vllm", help="URL of a vLLM server (runtime LoRA updating enabled) to load it into")
-            p.add_argument("--api-key", default=os.environ.get("MARFT_API_KEY"), help="server API key (env MARFT_API_KEY)")
+    common = _registry_flags
 
     agent_help = "adapter name, or an agent path (supervisor/agent -> supervisor.agent)"
     p = asub.add_parser("list", help="list versions (* marks the current one)")
@@ -116,8 +125,8 @@ def _serve(args) -> int:
     import torch
 
     from .engine import AdapterEngine
+    from .http.server import create_app
     from .registry import AdapterRegistry
-    from .server import create_app
 
     api_key = args.api_key or os.environ.get("MARFT_API_KEY") or None
     if args.threads:

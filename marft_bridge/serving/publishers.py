@@ -18,9 +18,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import Protocol
 
 from ..errors import MarftError
 from .adapter_files import AdapterError
+
+
+class VersionDirs(Protocol):
+    """What ``deploy`` reads of a registry (``AdapterRegistry`` is one; the registry imports this
+    module, so it is named by its methods)."""
+
+    def current(self, agent: str) -> int | None: ...
+
+    def path(self, agent: str, version: int | None = None) -> Path: ...
 
 
 class Publisher(ABC):
@@ -35,7 +45,7 @@ class Publisher(ABC):
     def unload(self, name: str) -> None:
         """Stop serving ``name``."""
 
-    def deploy(self, registry, agent: str, version: int | None = None) -> int:
+    def deploy(self, registry: VersionDirs, agent: str, version: int | None = None) -> int:
         """Load ``agent``'s version (default: current) from the registry and return its number."""
         version = version if version is not None else registry.current(agent)
         if version is None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from ..registry_state import AGENT_NAME, STATE_FILE, is_agent_name
+from ..registry_state import AGENT_NAME, STATE_FILE, is_agent_name, live_versions
 from ..registry_state import read_state_file as read_state
 from .adapter_files import CONFIG_FILE, WEIGHTS_FILE, AdapterError, base_fingerprint, find_adapter_dir, inspect_adapter
 
@@ -95,6 +95,7 @@ class AdapterRegistry:
     def __init__(self, root: str | Path):
         self.root = Path(root).expanduser().resolve()
         self.root.mkdir(parents=True, exist_ok=True)
+        self._live = None  # the shared state-file reader of this root, on first ``live_version``
 
     # -- reading ---------------------------------------------------------------------------------
     def agents(self) -> list[str]:
@@ -123,6 +124,14 @@ class AdapterRegistry:
 
     def current(self, agent: str) -> int | None:
         return self._state(agent)["current"]
+
+    def live_version(self, agent: str) -> int | None:
+        """``current`` as capture reads it (``seams.LiveVersions``): None for any name the registry
+        cannot hold (capture asks about every model name a call sends), re-read only when the
+        agent's state file changes."""
+        if self._live is None:
+            self._live = live_versions(self.root)
+        return self._live.live_version(agent)
 
     def history(self, agent: str) -> list[int]:
         """The versions promoted, oldest first, as ``rollback`` walks them back."""

@@ -11,6 +11,8 @@ from .._lazy import lazy_getattr
 
 _EXPORTS = {
     "TraceStore": ".tracestore",
+    "EpisodeFilter": ".filters",
+    "AmbiguousEpisodeId": ".records",
     "DeadLetter": ".records",
     "DoctorReport": ".records",
     "EpisodeNotFound": ".records",

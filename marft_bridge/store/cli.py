@@ -19,17 +19,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     store = argparse.ArgumentParser(add_help=False)
     store.add_argument("--store", metavar="URL", default=None, help=_STORE_HELP)
 
-    filters = argparse.ArgumentParser(add_help=False)
-    g = filters.add_argument_group("filters")
-    g.add_argument("--source", help="only episodes from this source (langgraph, mcp, a2a, manual, ...)")
-    g.add_argument("--agent", help="only episodes in which this agent took part")
-    g.add_argument("--since", metavar="TIME", help="started at or after TIME: ISO date/time (UTC if no zone) or an age like 30m, 6h, 7d")
-    g.add_argument("--until", metavar="TIME", help="started before TIME (same forms as --since)")
-    r = g.add_mutually_exclusive_group()
-    r.add_argument("--rewarded", dest="has_reward", action="store_const", const=True, default=None,
-                   help="only episodes with at least one reward")
-    r.add_argument("--unrewarded", dest="has_reward", action="store_const", const=False, help="only episodes without rewards")
-
+    filters = _filter_flags()
     p = subparsers.add_parser(
         "traces",
         help="inspect, export and import stored episodes",
@@ -48,7 +38,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     c = sub.add_parser("show", parents=[store], help="one episode: actions, rewards and dependency graph",
                        description="Show one episode: its actions, rewards, and the dependency graph D per step "
                        "(which actions' outputs flowed into each action).")
-    c.add_argument("episode_id", metavar="ID")
+    c.add_argument("episode_id", metavar="ID", help="the episode's id, or any unique prefix of it (4+ characters)")
     c.add_argument("--json", action="store_true", help="print the episode as JSON instead")
     c.set_defaults(func=_show)
 
@@ -58,6 +48,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("path", metavar="PATH")
     c.add_argument("--format", choices=["jsonl", "parquet"], help="default: from the suffix (.jsonl, .parquet)")
     c.add_argument("--limit", type=int, default=None, help="at most this many episodes")
+    c.add_argument("--id", dest="ids", metavar="ID", action="append",
+                   help="only this episode (its id or a unique prefix of it, 4+ characters); repeat for more")
     c.set_defaults(func=_export)
 
     c = sub.add_parser("import", parents=[store], help="validate and add episodes from a JSONL or Parquet file",
@@ -91,12 +83,27 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
     c = sub.add_parser("reward", parents=[store], help="attach a (late) reward to a stored episode",
                        description="Attach a reward to an episode: the whole team by default, or one agent or action.")
-    c.add_argument("episode_id", metavar="ID")
+    c.add_argument("episode_id", metavar="ID", help="the episode's id, or any unique prefix of it (4+ characters)")
     c.add_argument("value", type=float)
     c.add_argument("--agent", help="reward this agent only")
     c.add_argument("--action", dest="action_id", help="reward this action only")
     c.add_argument("--source", default="user", help="who gave it (default: user)")
     c.set_defaults(func=_reward)
+
+
+def _filter_flags() -> argparse.ArgumentParser:
+    """The filter flags of list and export (an EpisodeFilter's fields), as a parent parser."""
+    filters = argparse.ArgumentParser(add_help=False)
+    g = filters.add_argument_group("filters")
+    g.add_argument("--source", help="only episodes from this source (langgraph, mcp, a2a, manual, ...)")
+    g.add_argument("--agent", help="only episodes in which this agent took part")
+    g.add_argument("--since", metavar="TIME", help="started at or after TIME: ISO date/time (UTC if no zone) or an age like 30m, 6h, 7d")
+    g.add_argument("--until", metavar="TIME", help="started before TIME (same forms as --since)")
+    r = g.add_mutually_exclusive_group()
+    r.add_argument("--rewarded", dest="has_reward", action="store_const", const=True, default=None,
+                   help="only episodes with at least one reward")
+    r.add_argument("--unrewarded", dest="has_reward", action="store_const", const=False, help="only episodes without rewards")
+    return filters
 
 
 # -- handlers ----------------------------------------------------------------------------------
@@ -123,14 +130,12 @@ def _console():
                    highlight=False)
 
 
-def _filters(args) -> dict[str, Any]:
-    return {
-        "source": args.source,
-        "agent": args.agent,
-        "since": _parse_time(args.since, "--since"),
-        "until": _parse_time(args.until, "--until"),
-        "has_reward": args.has_reward,
-    }
+def _filter(args, **more: Any):
+    """The EpisodeFilter of the filter flags, with ``more`` of its fields (limit, order, ids)."""
+    from .filters import EpisodeFilter
+
+    return EpisodeFilter(source=args.source, agent=args.agent, since=_parse_time(args.since, "--since"),
+                         until=_parse_time(args.until, "--until"), has_reward=args.has_reward, **more)
 
 
 def _parse_time(text: str | None, flag: str) -> datetime | None:
@@ -157,8 +162,8 @@ def _when(x: Any) -> str:
 
 def _list(args) -> int:
     with _open(args) as store:
-        rows = store.episode_rows(**_filters(args), limit=args.limit or None, newest_first=not args.oldest_first)
-        total = store.count(**_filters(args))
+        rows = store.episode_rows(_filter(args, limit=args.limit or None, newest_first=not args.oldest_first))
+        total = store.count(_filter(args))
     if args.json:
         for r in rows:
             r["started_at"] = _when(r["started_at"])
@@ -278,7 +283,8 @@ def _preview(text: str | None, n: int) -> str:
 
 def _export(args) -> int:
     with _open(args) as store:
-        n = store.export(args.path, format=args.format, **_filters(args), limit=args.limit)
+        ids = None if args.ids is None else [store.resolve_id(i) for i in args.ids]
+        n = store.export(args.path, format=args.format, where=_filter(args, limit=args.limit, ids=ids))
         skipped = store.unreadable_skipped
     if args.path != "-":
         print(f"exported {n} episode(s) to {args.path}")
@@ -383,6 +389,12 @@ def _dead_letters(args) -> int:
 
 def _reward(args) -> int:
     with _open(args) as store:
-        r = store.add_reward(args.episode_id, args.value, agent=args.agent, action_id=args.action_id, source=args.source)
-    print(f"reward {r.id} ({r.value!r}) added to episode {args.episode_id}")
+        from .records import EpisodeNotFound
+
+        try:
+            eid = store.resolve_id(args.episode_id)
+        except EpisodeNotFound:  # add_reward refuses it, and keeps the refused reward as a dead letter
+            eid = args.episode_id
+        r = store.add_reward(eid, args.value, agent=args.agent, action_id=args.action_id, source=args.source)
+    print(f"reward {r.id} ({r.value!r}) added to episode {eid}")
     return 0

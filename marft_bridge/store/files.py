@@ -32,6 +32,7 @@ from .records import Refusal, WriteReport
 if TYPE_CHECKING:
     from ..limits import RecordLimits
     from ..schema import Episode
+    from .filters import EpisodeFilter
 
 
 class EpisodeStore(Protocol):
@@ -39,7 +40,7 @@ class EpisodeStore(Protocol):
 
     limits: RecordLimits
 
-    def episodes(self, **filters: Any) -> Iterator[Episode]: ...
+    def episodes(self, where: EpisodeFilter | None = None, /) -> Iterator[Episode]: ...
 
     def add_episode(self, episode: Any, *, record: str | None = None) -> str: ...
 
@@ -69,9 +70,10 @@ def detect_format(path: str | os.PathLike, format: str | None) -> str:
 # -- export ------------------------------------------------------------------------------------
 
 
-def export_episodes(store: EpisodeStore, path: str | os.PathLike, format: str | None = None, **filters: Any) -> int:
+def export_episodes(store: EpisodeStore, path: str | os.PathLike, format: str | None = None,
+                    where: EpisodeFilter | None = None) -> int:
     fmt = detect_format(path, format)
-    episodes = store.episodes(**filters)
+    episodes = store.episodes(where)
     if fmt == "parquet":
         return _export_parquet(episodes, Path(path))
     if str(path) == "-":
@@ -273,11 +275,35 @@ def read_jsonl(path: str | os.PathLike, cap: int, label: str | None = None
             f.close()
 
 
+# The columns import reads, and what each may hold: text, a whole number, or null where marked.
+_READ_COLUMNS = {"episode_id": (str, False), "action_index": (int, True), "action_json": (str, True),
+                 "episode_json": (str, False), "rewards_json": (str, False)}
+
+
+def _wrong_type(r: dict) -> tuple[str, str] | None:
+    """(column, why) of the first column of a Parquet row that does not hold what import reads, or None.
+    A whole float in action_index is taken as its int: pandas writes an int column with nulls as floats."""
+    if isinstance(r["action_index"], float) and r["action_index"].is_integer():
+        r["action_index"] = int(r["action_index"])
+    for col, (kind, nullable) in _READ_COLUMNS.items():
+        v = r[col]
+        what = ("text" if kind is str else "a whole number") + (" or null" if nullable else "")
+        if v is None and not nullable:
+            return col, f"is null, not {what}"
+        if v is not None and (isinstance(v, bool) or not isinstance(v, kind)):
+            return col, f"holds {type(v).__name__}, not {what}"
+    if (r["action_index"] is None) != (r["action_json"] is None):
+        return "action_index/action_json", "sets one of them: both are set (an action) or both null (no actions)"
+    return None
+
+
 def _read_parquet(path: Path, cap: int) -> Iterator[tuple[str, dict | RefusedRecord]]:
-    """Episodes rebuilt from the JSON columns, in file order (rows of one episode are contiguous);
-    one whose JSON passes ``cap`` bytes is refused (its first row kept) and its other rows skipped."""
+    """Episodes rebuilt from the JSON columns, in file order (rows of one episode are contiguous).
+    Every column read is type-checked first (``_wrong_type``): an episode with a row that holds a
+    wrong type is refused, naming the row and the column; so is one whose JSON passes ``cap`` bytes.
+    A refused episode keeps its first row as the dead letter; its other rows are counted, not kept."""
     _, pq = _pyarrow()
-    needed = ["episode_id", "action_index", "action_json", "episode_json", "rewards_json"]
+    needed = list(_READ_COLUMNS)
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
@@ -285,35 +311,39 @@ def _read_parquet(path: Path, cap: int) -> Iterator[tuple[str, dict | RefusedRec
     missing = [c for c in needed if c not in pf.schema_arrow.names]
     if missing:
         raise MarftError(f"{path.name} lacks the column(s) {', '.join(missing)}; was it written by marft traces export?")
-    current: str | None = None
+    current: Any = None
     rows: list[dict] = []
     first_row = row_no = size = 0
-    over = False  # the current episode passed the cap: its remaining rows are counted, not kept
+    refused: RecordError | None = None  # why the current episode is refused: its remaining rows are not kept
 
     def done() -> tuple[str, dict | RefusedRecord]:
-        if not over:
+        if refused is None:
             return _episode_from_rows(path.name, first_row, rows)
         name = f"{path.name} rows {first_row}-{row_no - 1}"
         raw = json.dumps(rows[:1], default=str, ensure_ascii=False)[:_KEPT]
-        return name, RefusedRecord(RecordError(name, None, f"episode {current}: {size:,}+ bytes of JSON, over the "
-                                         f"{cap:,}-byte limit of one record (max_record_bytes)"), raw)
+        return name, RefusedRecord(RecordError(name, refused.field, refused.reason), raw)
 
     for batch in pf.iter_batches(columns=needed, batch_size=_READ_ROWS):
         for r in batch.to_pylist():
-            if r["episode_id"] != current and (rows or over):
+            if r["episode_id"] != current and (rows or refused):
                 yield done()
-                rows, size, over = [], 0, False
-            if not rows and not over:
+                rows, size, refused = [], 0, None
+            if not rows and refused is None:
                 current, first_row = r["episode_id"], row_no
             row_no += 1
-            size += len(r["action_json"] or "") + (0 if rows or over else len(r["episode_json"] or "")
-                                                   + len(r["rewards_json"] or ""))
-            if over:
+            if refused is not None:
                 continue
             rows.append(r)
+            if wrong := _wrong_type(r):
+                refused, rows = RecordError(None, wrong[0], f"row {row_no - 1} {wrong[1]}"), rows[-1:]
+                continue
+            head = len(r["episode_json"]) + len(r["rewards_json"]) if len(rows) == 1 else 0  # once an episode
+            size += len(r["action_json"] or "") + head
             if size > cap:
-                over, rows = True, rows[:1]
-    if rows or over:
+                refused = RecordError(None, None, f"episode {current}: {size:,}+ bytes of JSON, over the {cap:,}-byte "
+                                      "limit of one record (max_record_bytes)")
+                rows = rows[:1]
+    if rows or refused:
         yield done()
 
 

@@ -18,7 +18,7 @@ from ..limits import RecordLimits
 from . import tables as t
 from .reads import QUARANTINED, READ_CHUNK, load_episodes, stored_document
 from .records import DoctorReport, Finding
-from .rows import listing
+from .filters import EpisodeFilter
 from .transactions import WriteTransactions
 
 
@@ -55,7 +55,7 @@ def scan(reader: sa.Engine, limits: RecordLimits, quarantine: Callable[[list[Fin
     ``progress(done, total)`` is called after each chunk.
     """
     with reader.connect() as conn:
-        ids = list(conn.execute(listing([t.episodes.c.id], [], None, False)).scalars())
+        ids = list(conn.execute(EpisodeFilter().select(t.episodes.c.id)).scalars())
     report = DoctorReport(dry_run=quarantine is None)
     for start in range(0, len(ids), READ_CHUNK):
         chunk = ids[start:start + READ_CHUNK]

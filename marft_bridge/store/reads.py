@@ -12,7 +12,8 @@ from ..limits import RecordLimits
 from ..schema import STORED, Episode, record_error
 from . import tables as t
 from .records import DeadLetter, Finding
-from .rows import from_epoch, listing
+from .filters import EpisodeFilter
+from .rows import from_epoch
 
 # Ids per IN (...) query: keeps statements and the episodes loaded at once small.
 READ_CHUNK = 200
@@ -125,11 +126,11 @@ def stored_size(conn: sa.Connection, episode_id: str) -> int:
     return total
 
 
-def summary_rows(conn: sa.Connection, where: list, limit: int | None, newest_first: bool) -> list[dict]:
-    """Summary rows (id, source, status, times, counts, agents) of the listed episodes."""
+def summary_rows(conn: sa.Connection, where: EpisodeFilter) -> list[dict]:
+    """Summary rows (id, source, status, times, counts, agents) of the episodes ``where`` lists."""
     e = t.episodes.c
     cols = [e.id, e.source, e.status, e.started_at, e.ended_at, e.n_actions, e.n_rewards]
-    rows = [dict(r._mapping) for r in conn.execute(listing(cols, where, limit, newest_first))]
+    rows = [dict(r._mapping) for r in conn.execute(where.select(*cols))]
     ids = [r["id"] for r in rows]
     agents: dict[str, list[str]] = {}
     for i in range(0, len(ids), READ_CHUNK):

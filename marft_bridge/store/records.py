@@ -10,11 +10,12 @@ from ..errors import MarftError
 
 
 class EpisodeNotFound(MarftError, KeyError):
-    """``get_episode`` on an id the store does not hold."""
+    """``get_episode`` on an id the store does not hold (nor any episode whose id starts with it);
+    ``hint`` says why a prefix named none."""
 
-    def __init__(self, episode_id: str):
+    def __init__(self, episode_id: str, hint: str | None = None):
         self.episode_id = episode_id
-        super().__init__(f"episode {episode_id!r} is not in the store")
+        super().__init__(f"episode {episode_id!r} is not in the store" + (f" ({hint})" if hint else ""))
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return self.args[0]
@@ -27,6 +28,16 @@ class EpisodeUnreadable(EpisodeNotFound):
         self.episode_id, self.reason = episode_id, reason
         MarftError.__init__(self, f"episode {episode_id!r} could not be read back from the store ({reason}); "
                                   "it was moved to the dead letters (marft traces dead-letters)")
+
+
+class AmbiguousEpisodeId(MarftError):
+    """A prefix that begins the ids of several stored episodes (and is none of them exactly)."""
+
+    def __init__(self, prefix: str, count: int, candidates: list[str]):
+        self.prefix, self.count, self.candidates = prefix, count, candidates
+        more = f", ... ({count - len(candidates)} more)" if count > len(candidates) else ""
+        super().__init__(f"episode id prefix {prefix!r} is ambiguous: {count} stored episodes start with it "
+                         f"({', '.join(candidates)}{more}); give more characters")
 
 
 class Refusal(BaseModel):

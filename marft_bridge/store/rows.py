@@ -1,6 +1,6 @@
 """Episodes <-> the store's rows: serializing an episode's rows, merging a second half into a
-stored episode, the listing filters, time columns as UTC epoch seconds, and the bounded preview
-of a refused record that its dead letter keeps."""
+stored episode, time columns as UTC epoch seconds, and the bounded preview of a refused record
+that its dead letter keeps (the listing filters are ``filters.EpisodeFilter``)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,12 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-import sqlalchemy as sa
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from ..errors import MarftError, RecordError
 from ..limits import RecordLimits, record_within
 from ..schema import Action, Episode, Reward, episode_data, parse_episode, record_error
-from . import tables as t
 
 # A dead letter keeps the refused record for inspection, but not an unbounded one.
 MAX_DEAD_LETTER_CHARS = 1_000_000
@@ -83,12 +81,19 @@ def merge_halves(old: Episode, new: dict, limits: RecordLimits | None = None) ->
     data["actions"] += [a.model_dump(mode="json") for a in parts["actions"]]
     data["rewards"] += [r.model_dump(mode="json") for r in parts["rewards"]]
     agents = new.get("agents") or []
-    data["agents"] = list(dict.fromkeys(old.agents + (agents if isinstance(agents, list) else [agents])))
-    for key in ("status", "ended_at", "task"):
+    agents = agents if isinstance(agents, list) else [agents]
+    # Checked before use: an agent that is not text (a list, say) cannot even be deduplicated.
+    for k, agent in enumerate(agents):
+        if not isinstance(agent, str):
+            raise RecordError(name, f"agents.{k}", f"an agent name must be text, not {type(agent).__name__}")
+    data["agents"] = list(dict.fromkeys(old.agents + agents))
+    for key in ("status", "ended_at", "task", "group", "release"):
         if new.get(key) is not None:
-            data[key] = new[key]
+            data[key] = new[key]  # validated with the merged episode below
     meta = new.get("metadata") or {}
-    data["metadata"] = {**data["metadata"], **meta} if isinstance(meta, dict) else meta
+    if not isinstance(meta, dict):
+        raise RecordError(name, "metadata", f"must be an object, not {type(meta).__name__}")
+    data["metadata"] = {**data["metadata"], **meta}
     if "schema_version" in new:
         data["schema_version"] = new["schema_version"]
     return parse_episode(data, limits=limits), parts["actions"], parts["rewards"]
@@ -162,30 +167,6 @@ def episode_rows(ep: Episode, actions: list[Action] | None = None, rewards: list
 def reward_row(episode_id: str, seq: int, r: Reward, body: str | None = None) -> dict:
     return {"episode_id": episode_id, "seq": seq, "id": r.id, "agent": r.agent, "action_id": r.action_id,
             "value": r.value, "source": r.source, "body": r.model_dump_json() if body is None else body}
-
-
-def filter_clauses(source=None, agent=None, since=None, until=None, has_reward=None) -> list:
-    e = t.episodes.c
-    where = []
-    if source is not None:
-        where.append(e.source == source)
-    if agent is not None:
-        where.append(e.id.in_(sa.select(t.episode_agents.c.episode_id).where(t.episode_agents.c.agent == agent)))
-    if since is not None:
-        where.append(e.started_at >= epoch(since))
-    if until is not None:
-        where.append(e.started_at < epoch(until))
-    if has_reward is not None:
-        where.append(e.n_rewards > 0 if has_reward else e.n_rewards == 0)
-    return where
-
-
-def listing(columns: list, where: list, limit: int | None, newest_first: bool) -> sa.Select:
-    """SELECT of episode columns, filtered, by start time (id breaks ties), at most ``limit`` rows."""
-    e = t.episodes.c
-    order = (e.started_at.desc(), e.id.desc()) if newest_first else (e.started_at, e.id)
-    q = sa.select(*columns).where(*where).order_by(*order)
-    return q if limit is None else q.limit(limit)
 
 
 def from_epoch(x: float | None) -> datetime | None:

@@ -17,8 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from pydantic import ValidationError
@@ -29,20 +28,26 @@ from ..schema import Episode, Reward, record_error
 from . import tables as t
 from .engines import create_engines, normalize_url, short_error
 from .files import export_episodes, import_file
+from .filters import EpisodeFilter
+from .ids import resolve_id
 from .quarantine import quarantine_tx, scan
 from .reads import (READ_CHUNK, change_cursor, changes_after, dead_letter_list, load_episodes, quarantined_count,
                     store_stats, stored_size, summary_rows)
 from .records import DeadLetter, DoctorReport, EpisodeNotFound, EpisodeUnreadable, Finding, Refusal, WriteReport
-from .rows import (MAX_DEAD_LETTER_CHARS, Rows, check_record_size, episode_rows, filter_clauses, listing, merge_halves,
-                   preview, to_data)
+from .rows import MAX_DEAD_LETTER_CHARS, Rows, check_record_size, episode_rows, merge_halves, preview, to_data
 from .transactions import WriteTransactions
-from .writer_groups import GroupCommit
+from .writer_groups import GroupCommit, validated_rows
 from .writer_process import WRITER_MODES, start_writer
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .filters import FilterArgs
 
 log = logging.getLogger("marft_bridge.store")
 
 
-class TraceStore(GroupCommit):
+class TraceStore:
     """Episodes, rewards, dead letters and a change log in one SQL database."""
 
     def __init__(self, url: str, *, queue_size: int = 1000, on_full: str = "block",
@@ -66,6 +71,10 @@ class TraceStore(GroupCommit):
         # For display and logs: a password in the URL is masked.
         self.url = self._engine.url.render_as_string(hide_password=True)
         self._writes = WriteTransactions(self._engine)
+        # The background writers' group commit, given what it needs of the store.
+        self._groups = GroupCommit(self._writes, validate=lambda data: validated_rows(data, self.limits),
+                                   to_data=lambda item: to_data(item, self.limits), add_one=self.add_episode,
+                                   dead_letter=self.dead_letter, merge_tx=self._merge_tx)
         self._init_schema()
 
     @property
@@ -125,7 +134,8 @@ class TraceStore(GroupCommit):
         """Validate and write one episode in one transaction; returns its id.
 
         An id that is already stored is merged: new actions and rewards are appended (ones already
-        stored unchanged are skipped), status/ended_at/task are updated and metadata is merged.
+        stored unchanged are skipped), status/ended_at/task/group/release are updated (when the new
+        half sets them) and metadata is merged.
         Bad input raises RecordError and is kept in the dead-letter table; ``record`` names the
         input in that message (for instance ``traces.jsonl line 7``).
         """
@@ -133,7 +143,7 @@ class TraceStore(GroupCommit):
         try:
             data = to_data(episode, self.limits)
             try:
-                (ep, rows), err = self._validated(data), None
+                (ep, rows), err = validated_rows(data, self.limits), None
             except RecordError as e:
                 # Half of an episode may depend on actions of the stored half: judge the merge.
                 ep, rows, err = None, None, e
@@ -229,6 +239,11 @@ class TraceStore(GroupCommit):
 
     # -- background writes ---------------------------------------------------------------------
 
+    def write_queued(self, items: list[Any]) -> None:
+        """The background writers' group commit (``writer_groups.GroupCommit.write_queued``): queued
+        episodes, several per transaction, each all-or-nothing. Errors are logged, never raised."""
+        self._groups.write_queued(items)
+
     def submit(self, episode: Episode | dict | str | bytes) -> None:
         """Queue an episode for the background writer and return at once (capture hooks use this).
 
@@ -300,13 +315,18 @@ class TraceStore(GroupCommit):
 
     # -- reading -------------------------------------------------------------------------------
 
-    def get_episode(self, episode_id: str) -> Episode:
+    def get_episode(self, episode_id: str, *, exact: bool = False) -> Episode:
         """The stored episode (equal to the one added, merges and rewards included).
 
-        EpisodeNotFound (a KeyError) when it is not stored; its subclass EpisodeUnreadable when it
-        is stored but cannot be read back, which moves it to the dead letters (see ``episodes``)."""
+        ``episode_id`` may be any unique prefix of a stored id, 4 characters or more (an exact id
+        always wins; ``exact=True`` takes only the whole id). EpisodeNotFound (a KeyError) when it
+        names none; AmbiguousEpisodeId (a MarftError) when a prefix begins several; EpisodeUnreadable
+        (an EpisodeNotFound) when it is stored but cannot be read back, which moves it to the dead
+        letters (see ``episodes``)."""
         self._check_open()
         with self._reader.connect() as conn:
+            if not exact:
+                episode_id = resolve_id(conn, episode_id)
             found, bad = load_episodes(conn, [episode_id])
         if bad:
             self._set_aside(bad)
@@ -314,6 +334,13 @@ class TraceStore(GroupCommit):
         if not found:
             raise EpisodeNotFound(episode_id)
         return found[0]
+
+    def resolve_id(self, id_or_prefix: str) -> str:
+        """The whole id of the stored episode that ``id_or_prefix`` names (the id itself, or a unique
+        prefix of 4 characters or more); EpisodeNotFound or AmbiguousEpisodeId as ``get_episode``."""
+        self._check_open()
+        with self._reader.connect() as conn:
+            return resolve_id(conn, id_or_prefix)
 
     def has_episode(self, episode_id: str) -> bool:
         self._check_open()
@@ -327,24 +354,19 @@ class TraceStore(GroupCommit):
             rows = conn.execute(sa.select(t.actions.c.id).where(t.actions.c.episode_id == episode_id))
             return {r[0] for r in rows}
 
-    def episodes(
-        self,
-        *,
-        source: str | None = None,
-        agent: str | None = None,
-        since: datetime | float | str | None = None,
-        until: datetime | float | str | None = None,
-        has_reward: bool | None = None,
-        limit: int | None = None,
-        newest_first: bool = False,
-    ) -> Iterator[Episode]:
-        """Stored episodes by start time, filtered; ``since`` inclusive, ``until`` exclusive.
+    def episodes(self, where: EpisodeFilter | None = None, /, **filters: Unpack[FilterArgs]) -> Iterator[Episode]:
+        """Stored episodes by start time, filtered (``where``, an EpisodeFilter, and/or its fields as
+        keywords: source, agent, since (inclusive), until (exclusive), has_reward, limit, newest_first).
 
         An episode that cannot be read back is skipped: logged, counted (``stats()["unreadable_skipped"]``)
         and moved to the dead letters (``stats()["quarantined"]``), so one bad row never stops a read.
+        A bad filter raises here, before anything is read.
         """
         self._check_open()
-        q = listing([t.episodes.c.id], filter_clauses(source, agent, since, until, has_reward), limit, newest_first)
+        q = EpisodeFilter.of(where, **filters).select(t.episodes.c.id)
+        return self._listed(q)
+
+    def _listed(self, q: sa.Select) -> Iterator[Episode]:
         with self._reader.connect() as conn:
             ids = list(conn.execute(q).scalars())
         yield from self._read(ids)
@@ -402,26 +424,18 @@ class TraceStore(GroupCommit):
         with self._reader.connect() as conn:
             return quarantined_count(conn)
 
-    def episode_rows(self, **filters: Any) -> list[dict]:
-        """Summary rows (id, source, status, times, counts, agents) without loading the episodes."""
+    def episode_rows(self, where: EpisodeFilter | None = None, /, **filters: Unpack[FilterArgs]) -> list[dict]:
+        """Summary rows (id, source, status, times, counts, agents) of the episodes ``episodes`` would
+        list with the same filter, without loading them."""
         self._check_open()
-        limit = filters.pop("limit", None)
-        newest_first = filters.pop("newest_first", False)
-        where = filter_clauses(**filters)
+        selected = EpisodeFilter.of(where, **filters)
         with self._reader.connect() as conn:
-            return summary_rows(conn, where, limit, newest_first)
+            return summary_rows(conn, selected)
 
-    def count(
-        self,
-        *,
-        source: str | None = None,
-        agent: str | None = None,
-        since: datetime | float | str | None = None,
-        until: datetime | float | str | None = None,
-        has_reward: bool | None = None,
-    ) -> int:
+    def count(self, where: EpisodeFilter | None = None, /, **filters: Unpack[FilterArgs]) -> int:
+        """How many episodes ``episodes`` would list with the same filter (at most its ``limit``)."""
         self._check_open()
-        q = sa.select(sa.func.count()).select_from(t.episodes).where(*filter_clauses(source, agent, since, until, has_reward))
+        q = EpisodeFilter.of(where, **filters).count()
         with self._reader.connect() as conn:
             return int(conn.execute(q).scalar_one())
 
@@ -452,9 +466,11 @@ class TraceStore(GroupCommit):
 
     # -- files ---------------------------------------------------------------------------------
 
-    def export(self, path: str | os.PathLike, format: str | None = None, **filters: Any) -> int:
-        """Write the (filtered) episodes to JSONL (one episode a line) or Parquet; returns the count."""
-        return export_episodes(self, path, format, **filters)
+    def export(self, path: str | os.PathLike, format: str | None = None, where: EpisodeFilter | None = None,
+               **filters: Unpack[FilterArgs]) -> int:
+        """Write the episodes ``episodes`` lists with the same filter to JSONL (one episode a line) or
+        Parquet; returns the count."""
+        return export_episodes(self, path, format, EpisodeFilter.of(where, **filters))
 
     def import_(self, path: str | os.PathLike, format: str | None = None) -> WriteReport:
         """Validate and add every episode of a JSONL or Parquet file; bad records are refused and reported."""

@@ -1,29 +1,71 @@
 """The store's group commit: what its background writers (``writer.py``, a thread; ``writer_process.py``,
-a process) call with a group of queued episodes. A mixin of ``TraceStore`` (its SQL helpers and
-``add_episode``/``dead_letter`` are the store's own).
+a process) call with a group of queued episodes (``TraceStore.write_queued``). A collaborator of the
+store, built with what it needs of it as explicit callables (validating, adding one episode alone,
+dead-lettering, merging a half in a transaction), and ``validated_rows``, the validation it shares
+with ``TraceStore.add_episode``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
 from pydantic import ValidationError
 
 from ..errors import MarftError, RecordError
+from ..limits import RecordLimits
 from ..schema import STORED, Episode, parse_episode
 from . import tables as t
 from .engines import NEW_EPISODES
-from .rows import Rows, episode_rows, to_data
+from .rows import Rows, episode_rows
+from .transactions import WriteTransactions
 from .writer import unqueued
 
 log = logging.getLogger("marft_bridge.store")
 
 
+def validated_rows(data: dict | bytes | str, limits: RecordLimits) -> tuple[Episode, Rows]:
+    """``data`` (a dict, or JSON text: a submitted Episode is queued as JSON, parsed and validated
+    in one pass in Rust) as an Episode and its rows; RecordError or ValidationError if refused.
+    The record limits are judged on the rows' JSON (``Rows.fields_within``); an episode past one,
+    or whose rows cannot be made, is validated again by the record model, so it is refused as
+    without a store, naming the field. One that breaks an invariant is refused at once."""
+    def validate(check_fields: bool) -> Episode:
+        if isinstance(data, dict):
+            return parse_episode(data, limits=limits, check_fields=check_fields)
+        return Episode.model_validate_json(data, context={"limits": limits} if check_fields else STORED)
+
+    ep = validate(False)
+    try:
+        rows = episode_rows(ep, limits=limits)
+        if rows.fields_within:
+            return ep, rows
+    except RecordError:  # not JSON, or too big: a field past a limit, if there is one, is the reason
+        pass
+    ep = validate(True)
+    return ep, episode_rows(ep, limits=limits)
+
+
+# What the group commit calls on the store: validate a queued item's data into rows, add one item
+# alone (refusals dead-lettered there), dead-letter a record, merge a half into a stored episode.
+Validate = Callable[[dict | bytes | str], tuple[Episode, Rows]]
+ToData = Callable[[Any], dict]
+AddOne = Callable[[Any], Any]
+DeadLetter = Callable[[RecordError, Any], None]
+MergeTx = Callable[[sa.Connection, str, dict], bool]
+
+
 class GroupCommit:
-    """``write_queued`` and its steps; mixed into ``TraceStore``."""
+    """``write_queued`` and its steps, on the store's write transactions and the callables it is given."""
+
+    def __init__(self, writes: WriteTransactions, *, validate: Validate, to_data: ToData, add_one: AddOne,
+                 dead_letter: DeadLetter, merge_tx: MergeTx):
+        self._writes = writes
+        self._validate, self._to_data, self._add_one = validate, to_data, add_one
+        self._dead_letter, self._merge_tx = dead_letter, merge_tx
 
     def write_queued(self, items: list[Any]) -> None:
         """The background writers' group commit: write queued episodes, several per transaction.
@@ -31,7 +73,7 @@ class GroupCommit:
         Each episode is still all-or-nothing: all are validated first, one at a time; a run of
         valid ones is written in one transaction (one commit instead of one per episode, the main
         cost of small writes), and one that does not validate alone (refused and dead-lettered,
-        or a half that needs the stored half) goes through ``add_episode`` in its place in the
+        or a half that needs the stored half) goes through ``add_one`` (``add_episode``) in its place in the
         order. If a group's transaction fails, its episodes are written one by one, so a bad one
         cannot take valid ones down with it. Errors are logged, never raised.
         """
@@ -41,7 +83,7 @@ class GroupCommit:
         for item in items:
             try:
                 data = unqueued(item)
-                ep, rows = self._validated(data if isinstance(data, (bytes, str)) else to_data(data, self.limits))
+                ep, rows = self._validate(data if isinstance(data, (bytes, str)) else self._to_data(data))
                 group.append((ep.id, rows, item))
             except (RecordError, ValidationError):
                 self._write_group(group)
@@ -50,29 +92,8 @@ class GroupCommit:
             except Exception as e:  # noqa: BLE001 - a snapshot that cannot be loaded back
                 self._write_group(group)
                 group = []
-                self.dead_letter(RecordError(None, None, f"cannot be read back from the write queue: {e}"), item)
+                self._dead_letter(RecordError(None, None, f"cannot be read back from the write queue: {e}"), item)
         self._write_group(group)
-
-    def _validated(self, data: dict | bytes | str) -> tuple[Episode, Rows]:
-        """``data`` (a dict, or JSON text: a submitted Episode is queued as JSON, parsed and validated
-        in one pass in Rust) as an Episode and its rows; RecordError or ValidationError if refused.
-        The record limits are judged on the rows' JSON (``Rows.fields_within``); an episode past one,
-        or whose rows cannot be made, is validated again by the record model, so it is refused as
-        without a store, naming the field. One that breaks an invariant is refused at once."""
-        def validate(check_fields: bool) -> Episode:
-            if isinstance(data, dict):
-                return parse_episode(data, limits=self.limits, check_fields=check_fields)
-            return Episode.model_validate_json(data, context={"limits": self.limits} if check_fields else STORED)
-
-        ep = validate(False)
-        try:
-            rows = episode_rows(ep, limits=self.limits)
-            if rows.fields_within:
-                return ep, rows
-        except RecordError:  # not JSON, or too big: a field past a limit, if there is one, is the reason
-            pass
-        ep = validate(True)
-        return ep, episode_rows(ep, limits=self.limits)
 
     def _write_group(self, group: list[tuple[str, Rows, Any]]) -> None:
         if not group:
@@ -87,7 +108,7 @@ class GroupCommit:
 
     def _write_one(self, item: Any) -> None:
         try:
-            self.add_episode(unqueued(item))  # a refused record is dead-lettered there
+            self._add_one(unqueued(item))  # a refused record is dead-lettered there
         except RecordError as e:
             log.warning("trace refused: %s", e)
         except Exception:  # noqa: BLE001 - never let one bad write stop the writer
@@ -102,7 +123,7 @@ class GroupCommit:
         PostgreSQL inserts each episode on its own (ON CONFLICT), as concurrent writers may race.
         """
         stored: set[str] = set()
-        if not self.is_postgres:
+        if not self._writes.is_postgres:
             ids = list({eid for eid, _, _ in group})
             stored = {r[0] for r in conn.execute(sa.select(t.episodes.c.id).where(t.episodes.c.id.in_(ids)))}
         batch = Rows([], [], [], [])
@@ -119,7 +140,7 @@ class GroupCommit:
 
         now = time.time()
         for eid, rows, item in group:
-            if self.is_postgres:
+            if self._writes.is_postgres:
                 new = self._writes.insert(conn, t.episodes, rows.episode) is not None
             else:
                 new = eid not in stored
@@ -133,6 +154,6 @@ class GroupCommit:
                 changes.append({"episode_id": eid, "kind": "add", "created_at": now})
                 continue
             write_batch()  # the merge reads the stored episode: everything before it is written first
-            if not self._merge_tx(conn, eid, to_data(unqueued(item), self.limits)):
+            if not self._merge_tx(conn, eid, self._to_data(unqueued(item))):
                 raise MarftError(f"episode {eid} is neither new nor stored")
         write_batch()

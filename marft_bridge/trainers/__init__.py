@@ -19,6 +19,8 @@ _EXPORTS = {
     "mean_return": "marft_bridge.trainers.rollout",
     "load_episodes": "marft_bridge.trainers.sources",
     "plot_metrics": "marft_bridge.trainers.plot",
+    "sft": "marft_bridge.trainers.supervised",
+    "SftConfig": "marft_bridge.trainers.supervised",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -23,7 +23,7 @@ agent reward on that agent's last trainable action; an action reward on its acti
 nearest earlier trainable action when that action is not trained (a tool call, a skipped action).
 
 Bad input is skipped with a counted reason, never truncated: episodes without rewards, actions
-whose agent has no adapter, token ids beyond the vocabulary, a sampled token outside its
+whose agent has no adapter, actions ``admission`` excludes (foreign policies, stale versions), token ids beyond the vocabulary, a sampled token outside its
 ``allowed_token_ids``, sequences longer than the context
 window, empty outputs. ``build_batch`` raises MarftError when nothing trainable remains.
 """
@@ -60,6 +60,9 @@ class Sample:
     # The tokens it was sampled among (SamplingParams.allowed_token_ids; None: the whole vocabulary):
     # every log-prob of this action is the masked log-softmax over them.
     allowed: tuple[int, ...] | None = None
+    version: int | None = None  # the adapter version that played it (Policy.version), if recorded
+    ret: float = 0.0  # its agent's return in the episode: team rewards + the agent's own (groups.py)
+    group: tuple[str, int] | None = None  # its episode's (task id, rollout), if recorded
 
 
 @dataclass
@@ -69,6 +72,12 @@ class Batch:
     episode_returns: list[float]  # sum of all rewards of each contributing episode
     skipped: Counter = field(default_factory=Counter)  # reason -> count (episodes or actions)
     flagged: Counter = field(default_factory=Counter)  # reason -> count of kept actions
+    foreign: Counter = field(default_factory=Counter)  # model name -> actions excluded as foreign_policy
+    # Per contributing episode (Sample.episode indexes these): id, group, team return, own returns by adapter.
+    episode_ids: list[str] = field(default_factory=list)
+    episode_groups: list[tuple[str, int] | None] = field(default_factory=list)
+    team_returns: list[float] = field(default_factory=list)
+    own_returns: list[dict[str, float]] = field(default_factory=list)
 
     @property
     def n_tokens(self) -> int:
@@ -130,7 +139,7 @@ def action_ids(action: Action, tokenizer) -> tuple[list[int] | None, list[float]
 
 def trained_name(action: Action, agents: set[str]) -> str | None:
     """The adapter among ``agents`` that ``action`` trains, or None (see the module docstring)."""
-    for name in (adapter_name(action), action.agent, agent_adapter_name(action.agent)):
+    for name in (adapter_name(action, agents), action.agent, agent_adapter_name(action.agent)):
         if name in agents:
             return name
     return None
@@ -145,84 +154,127 @@ def _place_untrained(act: Action, kept: list, placed_on: dict[str, int]) -> None
         placed_on[act.id] = len(kept) - 1
 
 
+@dataclass
+class _Rules:
+    tokenizer: object
+    agents: set[str]
+    vocab_size: int
+    max_context: int
+    default_temperature: float
+    admission: object | None  # admission.Admission, or None: every action admitted
+
+
+def _tokens(act: Action, name: str | None, rules: _Rules):
+    """(skip reason or None, observation ids, action ids, behaviour log-probs, re-tokenised?)."""
+    if name is None:
+        return "agent_without_adapter", None, None, None, False
+    if rules.admission is not None and (reason := rules.admission.reason(act, name)):
+        return reason, None, None, None, False
+    obs = observation_ids(act, rules.tokenizer)
+    ids, beh, retok = action_ids(act, rules.tokenizer)
+    allowed = set(act.sampling.allowed_token_ids or []) if act.sampling else set()
+    reason = None
+    if obs is None or not obs:
+        reason = "no_observation"
+    elif ids is None:
+        reason = "template_prefix_unstable"
+    elif not ids:
+        reason = "empty_output"
+    elif max(obs + ids + list(allowed)) >= rules.vocab_size:
+        reason = "token_id_beyond_vocab"
+    elif allowed and not allowed.issuperset(ids):
+        reason = "token_outside_allowed"
+    elif len(obs) + len(ids) > rules.max_context:
+        reason = "longer_than_context"
+    return reason, obs, ids, beh, retok
+
+
+def _episode_samples(ep: Episode, e: int, rules: _Rules, batch: Batch):
+    """The episode's samples in topological order, and where its actions' rewards land."""
+    kept: list[Sample] = []
+    placed_on: dict[str, int] = {}  # action id -> index in kept that receives its reward
+    nearest: dict[str, set[int]] = {}  # action id -> nearest kept ancestors (itself when kept)
+    last_of_agent: dict[str, int] = {}  # recorded agent -> index in kept of its last sample
+    group = (ep.group.task_id, ep.group.rollout) if ep.group is not None else None
+    for act in ep.topological_order():
+        parents = set().union(*(nearest.get(d, set()) for d in act.depends_on))
+        nearest[act.id] = parents
+        if act.kind != "llm":
+            _place_untrained(act, kept, placed_on)
+            continue
+        name = trained_name(act, rules.agents)
+        reason, obs, ids, beh, retok = _tokens(act, name, rules)
+        if reason:
+            batch.skipped[reason] += 1
+            if reason == "foreign_policy":
+                batch.foreign[act.policy.name] += 1
+            _place_untrained(act, kept, placed_on)
+            continue
+        if retok:
+            batch.flagged["retokenized"] += 1
+        if beh is None:
+            batch.flagged["no_behaviour_logprobs"] += 1
+        temp = act.sampling.temperature if act.sampling and act.sampling.temperature else rules.default_temperature
+        allowed = tuple(sorted(set(act.sampling.allowed_token_ids or []))) if act.sampling else ()
+        placed_on[act.id] = last_of_agent[act.agent] = len(kept)
+        nearest[act.id] = {len(kept)}
+        kept.append(Sample(e, ep.id, act.id, name, act.step, obs, ids, beh, float(temp), parents=sorted(parents),
+                           allowed=allowed or None, version=act.policy.version if act.policy else None,
+                           group=group))
+    return kept, placed_on, last_of_agent
+
+
+def _place_rewards(ep: Episode, kept: list[Sample], placed_on: dict[str, int], last_of_agent: dict[str, int],
+                   skipped: Counter) -> tuple[float, dict[str, float]]:
+    """Each reward onto its sample (module docstring); (the team return, each adapter's own return)."""
+    team, own = 0.0, {}
+    for r in ep.rewards:
+        if r.action_id is not None:
+            target = placed_on.get(r.action_id, 0)  # reward before any trained action: the first
+        elif r.agent is not None:
+            target = last_of_agent.get(r.agent)
+            if target is None:
+                skipped["reward_for_untrained_agent"] += 1
+                continue
+        else:
+            target = len(kept) - 1
+            team += r.value
+        kept[target].reward += r.value
+        if r.action_id is not None or r.agent is not None:
+            own[kept[target].agent] = own.get(kept[target].agent, 0.0) + r.value
+    return team, own
+
+
 def build_batch(episodes: list[Episode], tokenizer, agents: set[str], vocab_size: int, max_context: int,
-                default_temperature: float) -> Batch:
-    samples: list[Sample] = []
-    returns: list[float] = []
-    skipped: Counter = Counter()
-    flagged: Counter = Counter()
-    n_eps = 0
+                default_temperature: float, *, admission=None) -> Batch:
+    """The batch of ``episodes`` (module docstring); ``admission`` (admission.Admission) excludes
+    foreign and stale actions, counted."""
+    rules = _Rules(tokenizer, agents, vocab_size, max_context, default_temperature, admission)
+    batch = Batch([], 0, [])
     for ep in episodes:
         if not ep.rewards:
-            skipped["episode_without_reward"] += 1
+            batch.skipped["episode_without_reward"] += 1
             continue
-        kept: list[Sample] = []
-        placed_on: dict[str, int] = {}  # action id -> index in kept that receives its reward
-        nearest: dict[str, set[int]] = {}  # action id -> nearest kept ancestors (itself when kept)
-        last_of_agent: dict[str, int] = {}  # recorded agent -> index in kept of its last sample
-        for act in ep.topological_order():
-            parents = set().union(*(nearest.get(d, set()) for d in act.depends_on))
-            nearest[act.id] = parents
-            if act.kind != "llm":
-                _place_untrained(act, kept, placed_on)
-                continue
-            reason = None
-            name = trained_name(act, agents)
-            if name is None:
-                reason = "agent_without_adapter"
-            else:
-                obs = observation_ids(act, tokenizer)
-                ids, beh, retok = action_ids(act, tokenizer)
-                allowed = set(act.sampling.allowed_token_ids or []) if act.sampling else set()
-                if obs is None or not obs:
-                    reason = "no_observation"
-                elif ids is None:
-                    reason = "template_prefix_unstable"
-                elif not ids:
-                    reason = "empty_output"
-                elif max(obs + ids + list(allowed)) >= vocab_size:
-                    reason = "token_id_beyond_vocab"
-                elif allowed and not allowed.issuperset(ids):
-                    reason = "token_outside_allowed"
-                elif len(obs) + len(ids) > max_context:
-                    reason = "longer_than_context"
-            if reason:
-                skipped[reason] += 1
-                _place_untrained(act, kept, placed_on)
-                continue
-            if retok:
-                flagged["retokenized"] += 1
-            if beh is None:
-                flagged["no_behaviour_logprobs"] += 1
-            temp = act.sampling.temperature if act.sampling and act.sampling.temperature else default_temperature
-            placed_on[act.id] = last_of_agent[act.agent] = len(kept)
-            nearest[act.id] = {len(kept)}
-            kept.append(Sample(len(returns), ep.id, act.id, name, act.step, obs, ids, beh, float(temp),
-                               parents=sorted(parents), allowed=tuple(sorted(allowed)) or None))
+        kept, placed_on, last_of_agent = _episode_samples(ep, len(batch.episode_returns), rules, batch)
         if not kept:
-            skipped["episode_without_trainable_action"] += 1
+            batch.skipped["episode_without_trainable_action"] += 1
             continue
-        for r in ep.rewards:
-            if r.action_id is not None:
-                target = placed_on.get(r.action_id, 0)  # reward before any trained action: the first
-            elif r.agent is not None:
-                target = last_of_agent.get(r.agent)
-                if target is None:
-                    skipped["reward_for_untrained_agent"] += 1
-                    continue
-            else:
-                target = len(kept) - 1
-            kept[target].reward += r.value
+        team, own = _place_rewards(ep, kept, placed_on, last_of_agent, batch.skipped)
         kept[-1].end = True
         for s in kept:
-            s.parents = [len(samples) + i for i in s.parents]
-        samples += kept
-        returns.append(sum(r.value for r in ep.rewards))
-        n_eps += 1
-    if skipped:
-        log.warning("skipped while building the batch: %s", dict(skipped))
-    if flagged:
-        log.info("flagged actions: %s", dict(flagged))
-    if not samples:
-        raise MarftError(f"nothing trainable in {len(episodes)} episodes (skipped: {dict(skipped) or 'none'})")
-    return Batch(samples, n_eps, returns, skipped, flagged)
+            s.parents = [len(batch.samples) + i for i in s.parents]
+            s.ret = team + own.get(s.agent, 0.0)
+        batch.samples += kept
+        batch.episode_returns.append(sum(r.value for r in ep.rewards))
+        batch.episode_ids.append(ep.id)
+        batch.episode_groups.append(kept[0].group)
+        batch.team_returns.append(team)
+        batch.own_returns.append(own)
+        batch.episodes += 1
+    if batch.skipped:
+        log.warning("skipped while building the batch: %s", dict(batch.skipped))
+    if batch.flagged:
+        log.info("flagged actions: %s", dict(batch.flagged))
+    if not batch.samples:
+        raise MarftError(f"nothing trainable in {len(episodes)} episodes (skipped: {dict(batch.skipped) or 'none'})")
+    return batch

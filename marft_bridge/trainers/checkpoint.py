@@ -180,6 +180,20 @@ def save_adapters(policy, directory, whole: dict[str, torch.Tensor] | None = Non
     return directory
 
 
+def check_adapter_dirs(directory, agents: list[str]) -> None:
+    """Refuse an ``init_adapters`` directory that lacks a peft dir (adapter_config.json and
+    adapter_model.safetensors) for one of ``agents``, naming what is missing and what is there."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise MarftError(f"init_adapters {d} is not a directory")
+    missing = [f"{a}/{f}" for a in agents for f in ("adapter_config.json", "adapter_model.safetensors")
+               if not (d / a / f).is_file()]
+    if missing:
+        have = sorted(p.name for p in d.iterdir() if p.is_dir())
+        raise MarftError(f"init_adapters {d} lacks {', '.join(missing)} (safetensors only; one <agent>/ dir per "
+                         f"agent as `marft adapters publish` takes; it has: {', '.join(have) or 'nothing'})")
+
+
 def load_adapters(policy, directory, agents: list[str]) -> None:
     """Load ``<dir>/<agent>/`` peft dirs as ``save_adapters`` writes them (safetensors only; shapes
     must match this LoRA config). Under fsdp2 every rank reads the files and keeps its shard."""

@@ -22,6 +22,9 @@ def add_commands(sub) -> None:
     p.add_argument("--agents", help="comma-separated adapters to train, or agents (paths like supervisor/agent) "
                    "mapped to the adapters their calls used (default: every adapter that served an llm action: "
                    "the call's model name, else the agent path with '/' as '.')")
+    p.add_argument("--init-adapters", metavar="DIR", help="start each agent's LoRA from DIR/<agent>/ "
+                   "(adapter_config.json + adapter_model.safetensors, as `marft sft` writes them and `marft adapters "
+                   "publish` takes them; overrides the config's init_adapters; --resume from a checkpoint wins)")
     p.add_argument("--iterations", type=int, help="number of updates (default: one pass over the episodes)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="override the config's device")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint when it exists")
@@ -46,6 +49,7 @@ def _train(args) -> int:
     from ..errors import MarftError
     from .config import MarftConfig
     from ..schema import adapters_by_agent, resolve_adapters
+    from .admission import foreign_line
     from .sources import load_episodes
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -53,11 +57,14 @@ def _train(args) -> int:
     config = MarftConfig.from_yaml(args.config) if args.config else MarftConfig()
     if args.device:
         config = config.model_copy(update={"device": args.device})
+    if args.init_adapters:
+        config = config.model_copy(update={"init_adapters": args.init_adapters})
     if not Path(args.base_model).is_dir():
         raise MarftError(f"--base-model {args.base_model} is not a directory")
     episodes = load_episodes(args.store, args.episodes)
     if not episodes:
         raise MarftError("no rewarded episodes found")
+    # A hosted model's calls name their agent's adapter (adapter_names), and are foreign to it (admission.py).
     known = adapters_by_agent(episodes)
     asked = [a.strip() for a in args.agents.split(",") if a.strip()] if args.agents else list(known)
     agents = resolve_adapters(asked, known)
@@ -76,7 +83,10 @@ def _train(args) -> int:
 
     out = Path(args.out)
     trainer = MarftTrainer(config, args.base_model, agents, out_dir=out)
-    console.print(f"device {trainer.device}; adapters {trainer.policy.adapter_of}")
+    console.print(f"device {trainer.device}; adapters {trainer.policy.adapter_of}"
+                  + (f"; started from {config.init_adapters}" if config.init_adapters else ""))
+    if line := foreign_line(trainer.foreign_actions(episodes)):
+        console.print(f"[bold yellow]{line}[/]")
     if args.resume and (out / "checkpoint" / "state.json").exists():
         trainer.load_checkpoint(out / "checkpoint")
         console.print(f"resumed at update {trainer.update_count}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class MarftConfig(BaseModel):
@@ -48,9 +48,35 @@ class MarftConfig(BaseModel):
     entropy_coef: float = Field(0.01, ge=0)
     kl_coef: float = Field(0.01, ge=0)  # beta: k2 KL(pi || ref) to the reference (adapter disabled)
     value_coef: float = Field(1.0, ge=0)
+    # Per minibatch. Under a group estimator (``advantage`` not gae) it defaults to off unless set:
+    # GRPO's A is already scaled per group, and ``reward`` exists precisely not to centre the return.
     normalize_advantages: bool = True
     behaviour_weight_cap: float = Field(5.0, gt=0)  # decoupled PPO: cap on exp(proximal - behaviour)
     target_kl: float | None = Field(None, gt=0)  # approx-KL early stop per agent (None: off)
+
+    # Advantage estimator (groups.py). ``gae``: the critic's GAE along D (above). Critic-free, from the
+    # rollouts of one task (``Episode.group``; no critic is built or run): ``grpo`` (r - group mean)
+    # / group std (``advantage_scale: none``: no std division, Dr.GRPO), ``rloo`` r - mean of the
+    # other members, ``reward`` r itself (no baseline, no group needed). r is the acting agent's
+    # return in its episode: team rewards + its own agent and action rewards. ``group_by``: ``task``
+    # (one group per task and agent over the task's rollouts) or ``task_agent_round`` (AT-GRPO: one
+    # agent's actions of one round, rounds as factor.py defines them, across the task's rollouts).
+    advantage: Literal["gae", "grpo", "rloo", "reward"] = "gae"
+    advantage_scale: Literal["std", "none"] = "std"  # grpo only
+    group_by: Literal["task", "task_agent_round"] = "task"
+    # Policy-loss reduction over tokens (MARFT-T, whose PPO units are tokens): the mean over all the
+    # minibatch's tokens (DAPO), the mean over actions of their token sums (Dr.GRPO, no length
+    # normalisation) or of their token means (GRPO). MARFT-A's unit is the whole action already.
+    loss_aggregation: Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"] = "token_mean"
+
+    # Which recorded actions an update may learn from (admission.py). max_version_lag: drop (and count
+    # ``stale_version``) actions played by an adapter version more than this many versions behind the
+    # trainer's current one (None: keep all). allow_foreign: also train on actions a model other than
+    # this trainer's adapters or base produced (a hosted model): their tokens were never sampled by our
+    # policy, so a PPO ratio against them is biased; off, they are excluded and counted ``foreign_policy``.
+    max_version_lag: int | None = Field(None, ge=0)
+    allow_foreign: bool = False
+    init_adapters: str | None = None  # start each agent's LoRA from <dir>/<agent>/ (peft dir, safetensors)
 
     # Optimisation.
     lr: float = Field(5e-7, gt=0)
@@ -99,6 +125,20 @@ class MarftConfig(BaseModel):
     # Offline data and rollouts.
     batch_episodes: int = Field(64, ge=1)  # episodes per update (`marft train`, on-policy rollouts)
     checkpoint_every: int | None = Field(10, ge=1)  # updates between checkpoints with an out dir (None: never)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MarftConfig:
+        if self.loss_aggregation != "token_mean" and self.mode != "marft_t":
+            raise ValueError(f"loss_aggregation {self.loss_aggregation} needs mode marft_t (per-token units); "
+                             f"mode {self.mode}'s PPO unit is the whole action")
+        if self.advantage != "gae" and "normalize_advantages" not in self.model_fields_set:
+            self.normalize_advantages = False  # see the field
+        return self
+
+    @property
+    def critic(self) -> bool:
+        """Whether a critic is built and run: only GAE needs values."""
+        return self.advantage == "gae"
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> MarftConfig:

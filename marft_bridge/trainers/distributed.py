@@ -59,6 +59,24 @@ def sum_floats(values: list[float], device: torch.device) -> list[float]:
     return all_reduce_sum(torch.tensor(values, dtype=torch.float64), device).tolist()
 
 
+def max_floats(values: list[float], device: torch.device) -> list[float]:
+    """Element-wise maximum of a short list of numbers over all ranks."""
+    import torch.distributed as dist
+
+    x = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return x.tolist()
+
+
+def gather_objects(obj) -> list:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+    import torch.distributed as dist
+
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def _buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[list[torch.nn.Parameter]]:
     out, cur, size = [], [], 0
     for p in params:

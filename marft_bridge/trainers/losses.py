@@ -7,6 +7,7 @@ sampled the trace (``beh``) and the reference (``ref``, adapter disabled):
     ratio_s  = exp(new_s - prox_s)
     w_s      = min(exp(prox_s - beh_s), cap)                  decoupled PPO behaviour weight
     L_clip   = -mean_s w_s * min(ratio_s M_s A_s, clip(ratio_s, 1-eps, 1+eps) M_s A_s)
+               (MARFT-T with loss_aggregation seq_mean_*: -sum_t omega_t w_t min(...), ``token_weights``)
     L_KL     = mean_tokens 1/2 (new - ref)^2                          k2 estimator of KL(pi || ref)
 
 M (factor.py) is the product of the already-updated ancestors' whole-action ratios.
@@ -30,12 +31,27 @@ def behaviour_weights(prox_logp: torch.Tensor, beh_logp: torch.Tensor, cap: floa
     return torch.exp(prox_logp - beh_logp).clamp(max=cap)
 
 
-def clipped_surrogate(new_logp, prox_logp, adv, weights, clip: float) -> torch.Tensor:
-    # L = -E[w * min(r A, clip(r, 1-eps, 1+eps) A)], r = exp(new - prox); A already carries M.
+def surrogate_terms(new_logp, prox_logp, adv, weights, clip: float) -> torch.Tensor:
+    # Per unit w * min(r A, clip(r, 1-eps, 1+eps) A), r = exp(new - prox); A already carries M.
     ratio = torch.exp(new_logp - prox_logp)
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - clip, 1.0 + clip) * adv
-    return -(weights * torch.minimum(unclipped, clipped)).mean()
+    return weights * torch.minimum(unclipped, clipped)
+
+
+def clipped_surrogate(new_logp, prox_logp, adv, weights, clip: float) -> torch.Tensor:
+    # L = -E[w * min(r A, clip(r, 1-eps, 1+eps) A)]: the mean over units (token_mean for MARFT-T).
+    return -surrogate_terms(new_logp, prox_logp, adv, weights, clip).mean()
+
+
+def token_weights(lens: torch.Tensor, how: str, n_actions: float) -> torch.Tensor:
+    # (N,) omega_t of each token of actions with these lengths, L_clip = -sum_t omega_t term_t:
+    # seq_mean_token_mean 1 / (S L_s) (GRPO), seq_mean_token_sum 1 / S (Dr.GRPO, verl's no-constant form);
+    # S = actions in the whole minibatch (all ranks), so micro-batches and ranks add up to it.
+    if how not in ("seq_mean_token_mean", "seq_mean_token_sum"):
+        raise ValueError(f"loss_aggregation {how!r} has no per-action token weights")
+    per_action = 1.0 / lens.double() if how == "seq_mean_token_mean" else torch.ones(len(lens), dtype=torch.float64)
+    return (per_action / n_actions).repeat_interleave(lens).float()
 
 
 def huber(x: torch.Tensor, delta: float) -> torch.Tensor:

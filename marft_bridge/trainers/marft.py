@@ -2,24 +2,27 @@
 
 One update on a batch of episodes (``MarftTrainer.train_on``):
 
-1. Build samples (batch.py): trainable actions in topological order, rewards placed.
+1. Build samples (batch.py): trainable actions in topological order, rewards placed; actions of a
+   foreign policy or a stale adapter version excluded and counted (admission.py).
 2. With no gradient: proximal log-probs (current adapters), reference log-probs (adapters
    disabled), values (critic). Behaviour log-probs from the trace, or the proximal ones when the
-   trace has none (flagged, treated as on-policy).
-3. GAE by backward induction over D, per action (MARFT-A) or per token (MARFT-T): each action
-   bootstraps from its successors in D (advantages.py).
-4. Sequential trust region (factor.py): agents in a topological order of D (or random); M = 1 per
+   trace has none (flagged, treated as on-policy). Advantages: GAE by backward induction over D,
+   per action (MARFT-A) or per token (MARFT-T), each action bootstrapping from its successors in D
+   (advantages.py); or critic-free and group-relative (``advantage: grpo | rloo | reward``,
+   groups.py: no critic is built, no value pass runs).
+3. Sequential trust region (factor.py): agents in a topological order of D (or random); M = 1 per
    sample. For each agent i_m: ppo_epochs x minibatches of the clipped surrogate on M*A with the
-   decoupled behaviour weight, + beta*KL_k2(pi || ref) - c_H*H; then, with no gradient, its
-   whole-action ratios (sum log-probs) fold into the M of the actions they are sources of (default:
-   its descendants in D within their round), M clipped to [(1-eps)^n, (1+eps)^n]. One adapter for
-   all agents (``shared_adapter``, ``single_agent``): one group, M = 1. ``update_scheme: rerollout``
-   (``iteration``): one update per agent, each on fresh episodes its predecessors' new adapters
-   played, so M = 1 there.
-5. Critic: clipped Huber value loss towards the GAE returns.
-6. Guards: a non-finite loss skips that step (logged, counted); an approx-KL above ``target_kl``
-   stops that agent's epochs (logged); entropy / reference-KL collapse or non-finite weights roll
-   everything back to the last stable state.
+   decoupled behaviour weight, + beta*KL_k2(pi || ref) - c_H*H (backward.py); then, with no gradient,
+   its whole-action ratios (sum log-probs) fold into the M of the actions they are sources of
+   (default: its descendants in D within their round), M clipped to [(1-eps)^n, (1+eps)^n]. One
+   adapter for all agents (``shared_adapter``, ``single_agent``): one group, M = 1.
+   ``update_scheme: rerollout`` (loops.py): one update per agent, each on fresh episodes its
+   predecessors' new adapters played, so M = 1 there.
+4. Critic (GAE only): clipped Huber value loss towards the GAE returns.
+5. Metrics, and guards: a non-finite loss skips that step (logged, counted); an approx-KL above
+   ``target_kl`` stops that agent's epochs (logged); entropy / reference-KL collapse or non-finite
+   weights roll everything back to the last stable state. Per agent, the train-inference log-prob
+   gap on the actions its current version played (``logprob_gap``).
 
 Python API::
 
@@ -53,17 +56,20 @@ from pathlib import Path
 import torch
 
 from ..errors import MarftError
-from . import checkpoint
+from . import checkpoint, loops
 from . import distributed as D
-from . import losses as L
+from .admission import Admission, base_names, count_foreign, foreign_line
+from . import backward
+from .backward import STATS, Counts
 from .batch import Batch, build_batch
 from .config import MarftConfig
-from .critic import ValueHead, critic_params, values
-from .factor import agent_graph_stats, clip_factor, factor_sources, factor_stats, fold_factor, update_order
+from .critic import ValueHead, critic_params
+from .factor import (action_rounds, agent_graph_stats, clip_factor, factor_sources, factor_stats, fold_factor,
+                     update_order)
+from .groups import group_advantages, missing_groups
 from .passes import SamplePasses
-from .policy import CRITIC_ADAPTER, MultiAgentPolicy, pack, pick_device
-from .progress import ProgressBar
-from .rollout import RolloutPolicy, evaluate
+from .policy import CRITIC_ADAPTER, MultiAgentPolicy, pick_device
+from .rollout import evaluate
 from .snapshot import RollbackSnapshot
 from .update import RolloutBatch, rollout_batch
 
@@ -82,12 +88,18 @@ class MarftTrainer:
         unknown = set(config.frozen_agents) - set(self.policy.agents)
         if unknown:
             raise MarftError(f"frozen_agents names unknown agents: {sorted(unknown)}")
-        self.head = ValueHead(self.policy.hidden_size).to(self.device)
+        # The critic only where GAE needs values: a group estimator builds none (no head, no optimiser).
+        self.head = ValueHead(self.policy.hidden_size).to(self.device) if config.critic else None
         self.passes = SamplePasses(self.policy, self.head, lambda: self.config)
         self.optims = {a: torch.optim.AdamW(self.policy.adapter_params(a), lr=config.lr, eps=1e-5,
                                             weight_decay=config.weight_decay) for a in self.policy.adapters}
         self.critic_optim = torch.optim.AdamW(critic_params(self.policy, self.head), lr=config.critic_lr, eps=1e-5,
-                                              weight_decay=config.weight_decay)
+                                              weight_decay=config.weight_decay) if config.critic else None
+        # Current adapter versions (admission.py): set by whoever publishes them (registry versions);
+        # an agent without one is at the update count, the version in-process rollouts record.
+        self.policy_versions: dict[str, int] = {}
+        self.base_names = base_names(base_model_path, getattr(self.policy.tokenizer, "name_or_path", None))
+        self._foreign_told: set[str] = set()
         # Minibatch shuffles: one seeded generator per update group (each agent, the one shared group,
         # the critic), so an agent's shuffles never depend on which agents were updated before it.
         labels = [f"agent/{a}" for a in self.policy.agents] + ["group/all", "critic"]
@@ -99,6 +111,9 @@ class MarftTrainer:
         self._stable = RollbackSnapshot(pin=self.device.type == "cuda")
         self._stable.take(self._groups())
         self._changed: set[str] = set()
+        if config.init_adapters:  # e.g. `marft sft`'s adapters: every agent starts from its own
+            checkpoint.check_adapter_dirs(config.init_adapters, self.policy.agents)
+            self.load_adapters(config.init_adapters)
         log.info("MARFT config:\n%s", config.to_yaml())
         if self.out_dir and self.rank == 0:  # the effective config, beside metrics.jsonl
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -113,8 +128,13 @@ class MarftTrainer:
     def train_on(self, episodes, agents: list[str] | None = None) -> dict:
         """One MARFT update on these episodes (list, or any iterable of Episode); returns its metrics.
         ``agents``: update only these (and the critic), as ``update_scheme: rerollout`` does."""
-        metrics = self._update(self._batch(list(episodes)[self.rank::self.world]), only=agents)
+        episodes = list(episodes)
+        missing_groups(episodes, self.config.advantage)  # every rank sees all episodes: all refuse alike
+        metrics = self._update(self._batch(episodes[self.rank::self.world]), only=agents)
         self.update_count += 1
+        if (line := foreign_line(metrics.get("foreign_policy", {}))) and line not in self._foreign_told:
+            self._foreign_told.add(line)
+            log.warning("update %d: %s", self.update_count, line)
         metrics["update"] = self.update_count
         self._guard_collapse(metrics)
         if self.out_dir and self.rank == 0:
@@ -141,45 +161,14 @@ class MarftTrainer:
         return out
 
     def train(self, env_fn, iterations: int, episodes_per_iteration: int | None = None, progress: bool = False):
-        """On-policy MARFT: each iteration rolls out fresh episodes with the current adapters, then updates
-        (``update_scheme: rerollout``: one update per agent, each on fresh episodes; ``iteration``)."""
-        n = episodes_per_iteration or self.config.batch_episodes
-
-        def rollout(policy, k):
-            seed = self.config.seed * 1_000_003 + self.update_count  # from the counter: resumable
-            return env_fn(policy, k, seed)
-
-        history = []
-        with ProgressBar(iterations, progress) as bar:
-            for _ in range(iterations):
-                history += self.iteration(rollout, n)
-                bar(history[-1])
-        return history
+        """On-policy MARFT: each iteration rolls out fresh episodes with the current adapters, then
+        updates (loops.py; ``env_fn(policy, n, seed) -> episodes``)."""
+        return loops.train(self, env_fn, iterations, episodes_per_iteration, progress)
 
     def iteration(self, rollout, n: int) -> list[dict]:
-        """One on-policy iteration of ``n`` episodes, ``rollout(policy, k) -> k episodes`` played with the
-        adapters ``policy`` (a RolloutPolicy) holds now; the metrics of its updates.
-
-        ``stale``: one rollout of n, one update of every agent. ``rerollout``: n split over the trained
-        agents in update order (the order from the first share's batch; the first shares one episode
-        larger when n does not divide): agent k is updated alone on its share, which agent k-1's new
-        adapter has just played (a swap); M = 1 there. A server-backed ``rollout`` publishes first
-        (``policy.save_adapters``). Each update's metrics carry ``rerollout``: agent, episodes, swap."""
-        c = self.config
-        trained = [a for a in self.policy.agents if a not in c.frozen_agents]
-        if c.update_scheme == "stale" or c.mode == "single_agent" or c.shared_adapter or len(trained) < 2:
-            return [self.train_on(rollout(RolloutPolicy(self), n))]
-        shares = [n // len(trained) + (k < n % len(trained)) for k in range(len(trained))]
-        episodes = rollout(RolloutPolicy(self), shares[0])
-        order = self.update_order(episodes)
-        out = []
-        for k, agent in enumerate(order):
-            if k:  # the previous agent's new adapter plays this agent's episodes
-                episodes = rollout(RolloutPolicy(self), shares[k])
-            m = self.train_on(episodes, agents=[agent])
-            m["rerollout"] = {"agent": agent, "episodes": len(episodes), "swap": k > 0}
-            out.append(m)
-        return out
+        """One on-policy iteration of ``n`` episodes from ``rollout(policy, k)`` (loops.py: ``stale``
+        one update, ``rerollout`` one per agent on fresh episodes); the metrics of its updates."""
+        return loops.iteration(self, rollout, n)
 
     def update_order(self, episodes) -> list[str]:
         """The trained agents in the order a sequential update of these episodes visits them (by D, or
@@ -189,20 +178,8 @@ class MarftTrainer:
         return order + [a for a in self.agents if a not in order and a not in self.config.frozen_agents]
 
     def fit(self, episodes, iterations: int, progress: bool = False) -> list[dict]:
-        """Offline MARFT on stored traces: update ``iterations`` times on successive slices of
-        ``batch_episodes`` episodes (cycling; the slice comes from the update counter, so resume is exact)."""
-        episodes = list(episodes)
-        if not episodes:
-            raise MarftError("no episodes to train on")
-        n = min(self.config.batch_episodes, len(episodes))
-        history = []
-        with ProgressBar(iterations, progress) as bar:
-            for _ in range(iterations):
-                start = (self.update_count * n) % len(episodes)
-                chunk = (episodes + episodes)[start:start + n]
-                history.append(self.train_on(chunk))
-                bar(history[-1])
-        return history
+        """Offline MARFT on stored traces: ``iterations`` updates on successive slices (loops.py)."""
+        return loops.fit(self, episodes, iterations, progress)
 
     def evaluate(self, env_fn, n: int, seed: int, untrained: bool = False) -> float:
         return evaluate(self, env_fn, n, seed, untrained=untrained)
@@ -220,10 +197,25 @@ class MarftTrainer:
 
     # -- one update ----------------------------------------------------------------------------------
 
+    def current_version(self, agent: str) -> int:
+        """The version of ``agent``'s adapter now: ``policy_versions``, else the update count."""
+        return self.policy_versions.get(agent, self.update_count)
+
+    def admission(self) -> Admission:
+        """Which recorded actions an update learns from (admission.py)."""
+        c = self.config
+        return Admission(frozenset(self.policy.agents), self.base_names, c.allow_foreign, c.max_version_lag,
+                         self.current_version)
+
+    def foreign_actions(self, episodes) -> dict[str, int]:
+        """Per model name, the llm actions of ``episodes`` excluded as ``foreign_policy`` (``foreign_line``
+        says it in one line)."""
+        return count_foreign(episodes, self.admission())
+
     def _batch(self, episodes: list) -> Batch:
         p = self.policy
         return build_batch(episodes, p.tokenizer, set(p.agents), p.vocab_size, p.max_context,
-                           self.config.default_temperature)
+                           self.config.default_temperature, admission=self.admission())
 
     @staticmethod
     def _sources(batch: Batch, scope: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -240,21 +232,41 @@ class MarftTrainer:
         return update_order(trained, stats, self.config.agent_order, self.order_gen)
 
     def _update(self, batch: Batch, only: list[str] | None = None) -> dict:
-        c = self.config
-        S = batch.samples
-        K = len(S)
+        c, S = self.config, batch.samples
 
-        # 1-2. Rollout statistics (no gradient) and GAE along D, as flat tensors (update.py).
-        rb = rollout_batch(S, self.passes, c, self.device)
-
+        # 1-2. Rollout statistics (no gradient) and advantages as flat tensors (update.py): GAE along D,
+        #      or a group estimator's (groups.py: no critic, no value pass).
+        adv, group_stats = (None, {}) if c.critic else self._group_advantages(batch)
+        rb = rollout_batch(S, self.passes, c, self.device, adv)
         m = {"reward_mean": sum(batch.episode_returns) / len(batch.episode_returns), "episodes": batch.episodes,
-             "samples": K, "tokens": batch.n_tokens, "skipped": dict(batch.skipped), "flagged": dict(batch.flagged),
+             "samples": len(S), "tokens": batch.n_tokens, "skipped": dict(batch.skipped), "flagged": dict(batch.flagged),
              "skipped_nonfinite": 0, "early_stops": [], "agent_order": [], "per_agent": {}}
-        acc: dict[str, list[float]] = {k: [] for k in ("policy_loss", "kl_ref", "entropy", "approx_kl", "clipfrac",
-                                                     "behaviour_weight", "value_loss")}
+        if group_stats:
+            m["group_advantage"] = group_stats
+        if batch.foreign:
+            m["foreign_policy"] = dict(batch.foreign)
+        m["logprob_gap"] = self._logprob_gap(rb)
+        acc: dict[str, list[float]] = {k: [] for k in (*STATS, "value_loss")}
 
-        # 3. Sequential trust region (factor.py). M_k = product of exp(sum new - sum prox) over the
-        #    sources j of sample k (pairs k <- j) whose agent is already updated; clipped per ratio.
+        # 3. Sequential trust region (factor.py): each agent's PPO epochs on M * A, then its ratios fold into M.
+        seen_m, seen_clip, seen_n = self._sequential_update(batch, rb, only, m, acc)
+
+        # 4. Critic: clipped Huber value loss towards the GAE returns.
+        if c.critic:
+            self._critic_update(rb, m, acc)
+
+        # 5. Metrics: means over minibatches; M as each sample's update used it (quantiles, clipfrac).
+        for k, v in acc.items():
+            m[k] = self._mean_all(v)
+        m.update(factor_stats(seen_m, seen_clip, seen_n))
+        self.last_factor = seen_m.tolist()  # diagnostics: per sample, in batch order
+        return m
+
+    def _sequential_update(self, batch: Batch, rb: RolloutBatch, only: list[str] | None, m: dict, acc: dict):
+        """Section 3. M_k = product of exp(sum new - sum prox) over the sources j of sample k (pairs
+        k <- j) whose agent is already updated, clipped per ratio; returns M as each sample's update
+        used it (M, clipped, ratios folded), each (K,)."""
+        c, S, K = self.config, batch.samples, len(batch.samples)
         anc = self._sources(batch, "ancestors")
         sources = anc if c.factor_scope == "ancestors" else self._sources(batch, c.factor_scope)
         log_m = torch.zeros(K, dtype=torch.float64)  # (K,) log M, unclipped
@@ -272,160 +284,113 @@ class MarftTrainer:
             adapter = self.policy.adapters[0] if agent is None else self.policy.adapter_of[agent]
             name = agent or adapter
             m["agent_order"].append(name)
-            params = self.policy.adapter_params(adapter)
             factor, clipped = clip_factor(log_m, n_m, c.factor_clip)  # (K,), (K,)
             seen_m[idx], seen_clip[idx], seen_n[idx] = factor[idx], clipped[idx], n_m[idx]
             rb.b_factor = factor.float().to(self.device)
-            diag = {"samples": len(idx), "epochs": 0, "optimizer_steps": 0, "clipfrac": []}
-
             # 3a. PPO epochs on this agent's samples: clipped surrogate on M * A (+ KL, - entropy).
-            gen = self.gens[f"agent/{agent}" if agent is not None else "group/all"]
-            with self.policy.grad_mode():  # train mode once for all its minibatches (each walks every module)
-                for epoch in range(c.ppo_epochs):
-                    kls = []
-                    for mb in self._minibatches(idx, gen):
-                        loss = None
-                        units, tokens = self._global_counts(rb, mb)
-                        if mb:
-                            loss, stats = self._policy_backward(adapter, rb, mb, units, tokens)
-                            for k, v in stats.items():
-                                acc[k].append(v)
-                            kls.append(stats["approx_kl"])
-                            diag["clipfrac"].append(stats["clipfrac"])
-                        elif self.policy.sharded:
-                            self.passes.idle(adapter)
-                        diag["optimizer_steps"] += self._step(params, self.optims[adapter], loss, m, f"policy {name}",
-                                                              f"policy.{adapter}")
-                    diag["epochs"] = epoch + 1
-                    if c.target_kl is not None and (kl := self._mean_all(kls)) > c.target_kl:
-                        log.warning("agent %s: approx-KL %.4g > target_kl %s after epoch %d; stopping its epochs",
-                                    name, kl, c.target_kl, epoch + 1)
-                        m["early_stops"].append({"agent": name, "epoch": epoch + 1, "approx_kl": kl})
-                        break
-
+            diag = self._agent_epochs(agent, adapter, name, rb, idx, m, acc)
             # 3b. After its update (no gradient): its whole-action log-ratios new - proximal fold into
             # the M of the samples they are sources of; new - behaviour is its KL step (diagnostics).
-            # (A rank without this agent's samples still joins the pass: fsdp2 passes are collectives.)
-            with torch.no_grad():
-                new_tok = self.passes.token_logprobs(adapter, [S[i] for i in idx])  # (L_k,) per sample
+            log_ratio_new = self._after_update(adapter, rb, idx, diag)
+            diag.update({k.replace("factor_", "m_"): v for k, v in
+                         factor_stats(seen_m[idx], seen_clip[idx], seen_n[idx]).items()
+                         if k in ("factor_q05", "factor_q50", "factor_q95", "factor_clipfrac")})
+            if agent is not None and g_i + 1 < len(groups) and c.factor_scope != "none":
+                log_ratio = torch.zeros(K, dtype=torch.float64)  # (K,) sum new - sum prox, this agent's
                 if idx:
-                    log_ratio_new = rb.action_log_ratios(idx, new_tok, rb.b_prox)  # (k,) sum new - sum prox
-                    log_ratio_beh = rb.action_log_ratios(idx, new_tok, rb.b_beh)  # (k,) sum new - sum beh
-                    # KL(behaviour || new) of its whole actions, k3 on the samples the behaviour drew
-                    diag["kl_step"] = float(((log_ratio_beh.exp() - 1) - log_ratio_beh).mean())
-                diag.update({k.replace("factor_", "m_"): v for k, v in
-                             factor_stats(seen_m[idx], seen_clip[idx], seen_n[idx]).items()
-                             if k in ("factor_q05", "factor_q50", "factor_q95", "factor_clipfrac")})
-                if agent is not None and g_i + 1 < len(groups) and c.factor_scope != "none":
-                    log_ratio = torch.zeros(K, dtype=torch.float64)  # (K,) sum new - sum prox, this agent's
-                    if idx:
-                        log_ratio[idx] = log_ratio_new
-                    updated = torch.zeros(K, dtype=torch.bool)
-                    updated[idx] = True
-                    log_m, n_m = fold_factor(log_m, n_m, sources, log_ratio, updated)
-            diag["clipfrac"] = sum(diag["clipfrac"]) / len(diag["clipfrac"]) if diag["clipfrac"] else 0.0
+                    log_ratio[idx] = log_ratio_new
+                updated = torch.zeros(K, dtype=torch.bool)
+                updated[idx] = True
+                log_m, n_m = fold_factor(log_m, n_m, sources, log_ratio, updated)
             m["per_agent"][name] = diag
+        return seen_m, seen_clip, seen_n
 
-        # 4. Critic: clipped Huber value loss towards the GAE returns.
+    def _agent_epochs(self, agent, adapter: str, name: str, rb: RolloutBatch, idx: list[int], m: dict,
+                      acc: dict) -> dict:
+        """Section 3a: ``ppo_epochs`` x minibatches of one agent's (or the one group's) samples; its diagnostics."""
+        c = self.config
+        params = self.policy.adapter_params(adapter)
+        diag = {"samples": len(idx), "epochs": 0, "optimizer_steps": 0, "clipfrac": []}
+        gen = self.gens[f"agent/{agent}" if agent is not None else "group/all"]
+        with self.policy.grad_mode():  # train mode once for all its minibatches (each walks every module)
+            for epoch in range(c.ppo_epochs):
+                kls = []
+                for mb in self._minibatches(idx, gen):
+                    loss = None
+                    counts = self._global_counts(rb, mb)
+                    if mb:
+                        loss, stats = backward.policy_backward(self, adapter, rb, mb, counts)
+                        for k, v in stats.items():
+                            acc[k].append(v)
+                        kls.append(stats["approx_kl"])
+                        diag["clipfrac"].append(stats["clipfrac"])
+                    elif self.policy.sharded:
+                        self.passes.idle(adapter)
+                    diag["optimizer_steps"] += self._step(params, self.optims[adapter], loss, m, f"policy {name}",
+                                                          f"policy.{adapter}")
+                diag["epochs"] = epoch + 1
+                if c.target_kl is not None and (kl := self._mean_all(kls)) > c.target_kl:
+                    log.warning("agent %s: approx-KL %.4g > target_kl %s after epoch %d; stopping its epochs",
+                                name, kl, c.target_kl, epoch + 1)
+                    m["early_stops"].append({"agent": name, "epoch": epoch + 1, "approx_kl": kl})
+                    break
+        diag["clipfrac"] = sum(diag["clipfrac"]) / len(diag["clipfrac"]) if diag["clipfrac"] else 0.0
+        return diag
+
+    @torch.no_grad()
+    def _after_update(self, adapter: str, rb: RolloutBatch, idx: list[int], diag: dict) -> torch.Tensor | None:
+        """Section 3b: (k,) whole-action log-ratios new - proximal of the agent's samples, and its KL
+        step in ``diag``. (A rank without this agent's samples still joins the pass: fsdp2 passes are
+        collectives.)"""
+        new_tok = self.passes.token_logprobs(adapter, [rb.samples[i] for i in idx])  # (L_k,) per sample
+        if not idx:
+            return None
+        log_ratio_new = rb.action_log_ratios(idx, new_tok, rb.b_prox)  # (k,) sum new - sum prox
+        log_ratio_beh = rb.action_log_ratios(idx, new_tok, rb.b_beh)  # (k,) sum new - sum beh
+        # KL(behaviour || new) of its whole actions, k3 on the samples the behaviour drew
+        diag["kl_step"] = float(((log_ratio_beh.exp() - 1) - log_ratio_beh).mean())
+        return log_ratio_new
+
+    def _critic_update(self, rb: RolloutBatch, m: dict, acc: dict) -> None:
+        """Section 4: ``ppo_epochs`` x minibatches of the clipped Huber value loss over every sample."""
         critic = critic_params(self.policy, self.head)
-        for _ in range(c.ppo_epochs):
-            for mb in self._minibatches(list(range(K)), self.gens["critic"]):
+        for _ in range(self.config.ppo_epochs):
+            for mb in self._minibatches(list(range(rb.K)), self.gens["critic"]):
                 loss = None
-                units, _ = self._global_counts(rb, mb)
+                units = self._global_counts(rb, mb).units
                 if mb:
-                    loss = self._critic_backward(rb, mb, units)
+                    loss = backward.critic_backward(self, rb, mb, units)
                     acc["value_loss"].append(loss * units / rb.n_units(mb))  # local mean
-                elif self.policy.sharded and c.critic_backbone == "lora":
+                elif self.policy.sharded and self.config.critic_backbone == "lora":
                     self.passes.idle(None, critic=True)
                 self._step(critic, self.critic_optim, loss, m, "critic", "critic")
 
-        # 5. Metrics: means over minibatches; M as each sample's update used it (quantiles, clipfrac).
-        for k, v in acc.items():
-            m[k] = self._mean_all(v)
-        m.update(factor_stats(seen_m, seen_clip, seen_n))
-        self.last_factor = seen_m.tolist()  # diagnostics: per sample, in batch order
-        return m
+    def _group_advantages(self, batch: Batch) -> tuple[list[float], dict]:
+        """Per sample its group-relative advantage (groups.py), groups gathered over all ranks."""
+        S = batch.samples
+        rounds = action_rounds([s.parents for s in S], [s.agent for s in S])
+        gather = D.gather_objects if self.world > 1 else (lambda x: [x])
+        return group_advantages(batch, self.policy.agents, rounds, self.config, gather)
 
-    def _global_counts(self, rb: RolloutBatch, mb: list[int]) -> tuple[float, float]:
-        """(units, tokens) of this minibatch summed over all ranks: every rank divides its loss sums by
-        these, so the summed gradients are the token-weighted mean over ranks (distributed.py)."""
-        counts = [float(rb.n_units(mb)), float(rb.n_tokens(mb))] if mb else [0.0, 0.0]
+    def _logprob_gap(self, rb: RolloutBatch) -> dict:
+        """Per agent: mean and max |recorded behaviour - recomputed| token log-prob on the actions
+        its current version played (the engine's mismatch with the trainer's forward), all ranks."""
+        gap = rb.logprob_gap(lambda s: s.version is not None and s.version == self.current_version(s.agent))
+        rows = [gap.get(a, [0.0, 0.0, 0.0]) for a in self.policy.agents]  # the same keys on every rank
+        sums = [x for r in rows for x in r[:2]]
+        maxes = [r[2] for r in rows]
+        if self.world > 1:
+            sums, maxes = D.sum_floats(sums, self.device), D.max_floats(maxes, self.device)
+        return {a: {"mean": sums[2 * i] / sums[2 * i + 1], "max": maxes[i], "tokens": int(sums[2 * i + 1])}
+                for i, a in enumerate(self.policy.agents) if sums[2 * i + 1] > 0}
+
+    def _global_counts(self, rb: RolloutBatch, mb: list[int]) -> Counts:
+        """(units, tokens, actions) of this minibatch summed over all ranks: every rank divides its loss
+        sums by these, so the summed gradients are the token-weighted mean over ranks (distributed.py)."""
+        counts = [float(rb.n_units(mb)), float(rb.n_tokens(mb)), float(len(mb))] if mb else [0.0, 0.0, 0.0]
         if self.world > 1:
             counts = D.sum_floats(counts, self.device)
-        return counts[0], counts[1]
-
-    def _policy_backward(self, adapter: str, rb: RolloutBatch, mb: list[int], units: float, tokens: float):
-        """Backward of the minibatch's policy loss, micro-batch by micro-batch (gradients accumulate);
-        returns (the loss value, its stats). Each micro-batch's means are weighted by its share of the
-        minibatch's units / tokens over all ranks (``units``, ``tokens``), so the accumulated gradient
-        is the whole minibatch's."""
-        c, S, token_level = self.config, rb.samples, rb.token_level
-        mb_adv = rb.b_adv[rb.units(mb)]  # (u,) this minibatch's advantages
-        if c.normalize_advantages:  # over the whole minibatch, before it is split
-            mb_adv = L.normalize(mb_adv)
-        adv = torch.empty_like(rb.b_adv)  # (U,) scatter back, so micro-batches index by unit
-        adv[rb.units(mb)] = mb_adv
-        local_units, local_tokens = rb.n_units(mb), rb.n_tokens(mb)
-        total, stats = 0.0, dict.fromkeys(("policy_loss", "kl_ref", "entropy", "approx_kl", "clipfrac",
-                                           "behaviour_weight"), 0.0)
-        with self.policy.grad_mode():
-            for plan in self.passes.gradient_plan([S[i] for i in mb], adapter):  # fsdp2: pads run inside
-                sub = [mb[j] for j in plan]
-                lm = rb.lens[sub].tolist()  # L_b per sample of the micro-batch
-                tok = rb.tokens(sub)  # (N,) flat token positions: N = sum L_b
-                new_tok, ent, _, _ = self.passes.forward(adapter, [S[i] for i in sub], grad=True, entropy=True)  # (N,)
-                prox_tok, beh_tok, ref_tok = rb.b_prox[tok], rb.b_beh[tok], rb.b_ref[tok]  # (N,)
-                mfac = rb.b_factor[sub]  # (B,) M per sample
-                if token_level:  # MARFT-T: one PPO sample per token
-                    new, old, b = new_tok, prox_tok, beh_tok  # (N,)
-                    mfac = mfac.repeat_interleave(rb.lens[sub].to(self.device))  # (N,)
-                    a = adv[tok]  # (N,)
-                else:  # MARFT-A: one PPO sample per action
-                    new, old, b = (L.action_logprobs(t, lm, c.logprob_reduction) for t in (new_tok, prox_tok, beh_tok))
-                    a = adv[sub]  # (B,)
-                su, st = new.numel() / units, new_tok.numel() / tokens  # shares of the minibatch (all ranks)
-                w = L.behaviour_weights(old, b, c.behaviour_weight_cap)  # w = min(exp(prox - beh), cap)
-                # L_clip = -E[w * min(r M A, clip(r, 1 - eps, 1 + eps) M A)],  r = exp(new - prox)
-                pg_loss = L.clipped_surrogate(new, old, a * mfac, w, c.clip)
-                # L_KL = E_tokens[1/2 (log pi - log ref)^2]  (k2: its gradient is that of KL(pi || ref))
-                kl_loss = L.kl_k2(new_tok, ref_tok).mean()
-                # H = E_tokens[-sum_v p_v log p_v]
-                entropy = ent.mean()
-                loss = su * pg_loss + st * (c.kl_coef * kl_loss - c.entropy_coef * entropy)
-                loss.backward()
-                total += float(loss.detach())
-                with torch.no_grad():  # stats: this rank's minibatch means
-                    lu, lt = new.numel() / local_units, new_tok.numel() / local_tokens
-                    ratio = torch.exp(new - old)  # the surrogate's ratio: per action (A) or per token (T)
-                    stats["policy_loss"] += lu * float(pg_loss)
-                    stats["kl_ref"] += lt * float(L.kl_k3(new_tok, ref_tok).mean())
-                    stats["entropy"] += lt * float(entropy)
-                    stats["approx_kl"] += lu * float(L.approx_kl(new, old))
-                    stats["clipfrac"] += lu * float(((ratio - 1).abs() > c.clip).float().mean())
-                    stats["behaviour_weight"] += lu * float(w.mean())
-        return total, stats
-
-    def _critic_backward(self, rb: RolloutBatch, mb: list[int], units: float) -> float:
-        """Backward of the minibatch's value loss (micro-batched through a LoRA critic backbone); its value."""
-        c, S = self.config, rb.samples
-        frozen = rb.b_feat is not None
-        plans = [list(range(len(mb)))] if frozen else self.passes.gradient_plan([S[i] for i in mb], None, critic=True)
-        total = 0.0
-        for plan in plans:
-            sub = [mb[j] for j in plan]
-            u = rb.units(sub)
-            if frozen:  # the reference pass's features, head only
-                v = self.head(rb.b_feat[u])
-            else:
-                ss = [S[i] for i in sub]
-                packed = pack([s.obs_ids for s in ss], [s.act_ids for s in ss], self.policy.pad_id, self.device)
-                v = values(self.policy, self.head, packed, rb.token_level)
-            # L_V = c_V * E[max(huber(V - R), huber(V_old + clip(V - V_old, -eps_V, eps_V) - R))]
-            value_loss = c.value_coef * L.clipped_value_loss(v, rb.b_val[u], rb.b_ret[u], c.value_clip, c.huber_delta)
-            loss = value_loss * (v.numel() / units)
-            loss.backward()
-            total += float(loss.detach())
-        return total
+        return Counts(*counts)
 
     def _minibatches(self, idx: list[int], gen: torch.Generator) -> list[list[int]]:
         # Exactly num_minibatches chunks (some may be empty) so every DDP rank takes the same steps.
@@ -486,19 +451,23 @@ class MarftTrainer:
     # -- state: snapshot, checkpoint, resume ----------------------------------------------------------
 
     def trainable(self) -> list[torch.nn.Parameter]:
-        """Every trained parameter: the LoRA weights of all adapters and the value head."""
-        return [p for n, p in self.policy.model.named_parameters() if "lora_" in n] + list(self.head.parameters())
+        """Every trained parameter: the LoRA weights of all adapters and the value head (if any)."""
+        head = list(self.head.parameters()) if self.head is not None else []
+        return [p for n, p in self.policy.model.named_parameters() if "lora_" in n] + head
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         """The trained parameters by name, as checkpoints store them."""
         out = {n: p for n, p in self.policy.model.named_parameters() if "lora_" in n}
-        out.update({f"value_head.{n}": p for n, p in self.head.named_parameters()})
+        if self.head is not None:
+            out.update({f"value_head.{n}": p for n, p in self.head.named_parameters()})
         return out
 
     def _groups(self) -> dict[str, tuple[dict[str, torch.Tensor], torch.optim.Optimizer]]:
         """Rollback groups: each adapter's named weights with its optimiser, and the critic's."""
         pol = self.policy
         out = {f"policy.{a}": (pol.adapter_named_params(a), o) for a, o in self.optims.items()}
+        if self.head is None:
+            return out
         critic = pol.adapter_named_params(CRITIC_ADAPTER) if self.config.critic_backbone == "lora" else {}
         critic.update({f"value_head.{n}": p for n, p in self.head.named_parameters()})
         out["critic"] = (critic, self.critic_optim)
@@ -506,7 +475,8 @@ class MarftTrainer:
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         """Each adapter's optimiser and the critic's, by checkpoint key."""
-        return {**{f"policy.{a}": o for a, o in self.optims.items()}, "critic": self.critic_optim}
+        critic = {"critic": self.critic_optim} if self.critic_optim is not None else {}
+        return {**{f"policy.{a}": o for a, o in self.optims.items()}, **critic}
 
     def save_checkpoint(self, directory) -> Path:
         """Adapters (peft dirs), all trainable weights, optimiser states, RNG states and counters

@@ -22,7 +22,7 @@ from .policy import MultiAgentPolicy, TokenMask, pack
 class SamplePasses:
     """Micro-batched forwards of the policy (an adapter, or the reference) and the critic over samples."""
 
-    def __init__(self, policy: MultiAgentPolicy, head: ValueHead, config: Callable[[], MarftConfig]):
+    def __init__(self, policy: MultiAgentPolicy, head: ValueHead | None, config: Callable[[], MarftConfig]):
         self.policy, self.head, self.device = policy, head, policy.device
         self._config = config
 
@@ -89,7 +89,8 @@ class SamplePasses:
     @torch.no_grad()
     def rollout_stats(self, samples: list[Sample]):
         """Per-sample proximal and reference token log-probs, old values and, with a frozen critic
-        backbone, the critic's input features (taken from the reference pass: same base hidden states)."""
+        backbone, the critic's input features (taken from the reference pass: same base hidden states);
+        values and features None without a critic (``MarftConfig.critic``)."""
         c, token_level = self.config, self.config.mode == "marft_t"
         frozen = c.critic_backbone == "frozen"
         n = len(samples)
@@ -104,13 +105,16 @@ class SamplePasses:
                 lens = [len(s.act_ids) for s in ss]
                 logp, _, packed, _ = self.forward(adapter, ss, grad=False)
                 logr, _, _, h_ref = self.forward(None, ss, grad=False)
-                if frozen:
+                if not c.critic:  # a group estimator: no value pass at all
+                    v, f = [None] * len(chunk), [None] * len(chunk)
+                elif frozen:
                     f = features(h_ref, packed, token_level)
                     v = self.head(f)
                     f = f.split(lens) if token_level else f.unbind(0)
                 else:
                     v, f = values(self.policy, self.head, packed, token_level), [None] * len(chunk)
-                v = v.split(lens) if token_level else v.unbind(0)
+                if c.critic:
+                    v = v.split(lens) if token_level else v.unbind(0)
                 for i, a, b, vv, ff in zip(chunk, logp.split(lens), logr.split(lens), v, f):
                     prox[i], ref[i], vals[i], feats[i] = a, b, vv, ff
         return prox, ref, vals, feats

@@ -245,7 +245,7 @@ class MultiAgentPolicy:
             model = get_peft_model(base, lora, adapter_name=self.adapters[0])
         for name in self.adapters[1:]:
             model.add_adapter(name, lora)
-        if config.critic_backbone == "lora":
+        if config.critic and config.critic_backbone == "lora":  # no critic at all under a group estimator
             model.add_adapter(CRITIC_ADAPTER, lora)
         for n, p in model.named_parameters():
             if "lora_" in n:

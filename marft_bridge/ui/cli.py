@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from .. import http_limits
+from ..serving.http import limits as http_limits
 from ..errors import MarftError
 
 

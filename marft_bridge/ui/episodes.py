@@ -162,7 +162,7 @@ class EpisodeIndex:
                 for eid in ids:
                     self._cache.pop(eid, None)
                     try:
-                        self._rows[eid] = summarize(self.store.get_episode(eid))
+                        self._rows[eid] = summarize(self.store.get_episode(eid, exact=True))
                     except KeyError:  # the store's EpisodeNotFound: not stored (any more)
                         self._rows.pop(eid, None)
                 self.cursor = cursor
@@ -182,14 +182,15 @@ class EpisodeIndex:
         return {"cursor": self.cursor, "episodes": rows}
 
     def episode(self, episode_id: str) -> Episode:
-        """The whole episode (raises the store's EpisodeNotFound, a KeyError)."""
+        """The whole episode, by its id or any unique prefix of it (raises the store's EpisodeNotFound,
+        a KeyError, or AmbiguousEpisodeId, a MarftError: a 400 naming some candidates)."""
         with self._lock:
             if episode_id in self._cache:
                 self._cache.move_to_end(episode_id)
                 return self._cache[episode_id]
         ep = self.store.get_episode(episode_id)
         with self._lock:
-            self._cache[episode_id] = ep
+            self._cache[ep.id] = ep  # by the whole id: a prefix may name another episode later
             while len(self._cache) > CACHED_EPISODES:
                 self._cache.popitem(last=False)
         return ep

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from marft_bridge.serving.vllm_server import PYTHON_ENV
+from marft_bridge.serving.vllm.server import PYTHON_ENV
 
 if not os.environ.get(PYTHON_ENV):
     collect_ignore_glob = ["test_*.py"]

@@ -9,7 +9,7 @@ import pytest
 
 from marft_bridge.serving import AdapterError, AdapterRegistry, VLLMPublisher
 from marft_bridge.serving.fixtures import make_random_adapter
-from marft_bridge.serving.vllm_hotswap import SWAPS, run_hotswap
+from marft_bridge.serving.vllm.hotswap import SWAPS, run_hotswap
 from vllm_stack import KEY
 
 

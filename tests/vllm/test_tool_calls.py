@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from marft_bridge.serving.tool_calls import HermesParser
+from marft_bridge.serving.http.tool_calls import HermesParser
 from vllm_stack import BASE_NAME, TOOL_ANSWERS, TOOLS, calls_of, chat, tool_messages
 
 

@@ -41,7 +41,7 @@ def build_base(path: Path, *, max_steps: int = 400, lr: float = 1e-3) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from marft_bridge.tinymodel import build_tiny_model
+    from marft_bridge.demo.tinymodel import build_tiny_model
 
     raw = build_tiny_model(path.parent / "untrained", seed=0, hidden_size=256, num_heads=4, num_kv_heads=2,
                            intermediate_size=512, max_positions=2048)
@@ -143,7 +143,7 @@ def processed_reference(direct, prompt_ids: list[int], token_ids: list[int], *, 
     the way both servers report them (log-softmax of logits/T after top-k/top-p)."""
     import torch
 
-    from marft_bridge.serving.sampling import processed_logprobs
+    from marft_bridge.serving.engine.sampling import processed_logprobs
 
     ids = torch.tensor([list(prompt_ids) + list(token_ids)])
     with torch.no_grad():

@@ -20,7 +20,7 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 
 from ...capture_errors import capture_error, guarded
-from ...recording import jsonable
+from ...capture.recording import jsonable
 from ...schema import utcnow
 from .. import openai as oa
 from . import convert, tools

@@ -1,7 +1,7 @@
 """LangChain messages, invocation parameters and tool results as record fields (no LangGraph import).
 
 The OpenAI shapes themselves (content text, tool calls, offered tools) come from
-``marft_bridge.messages``, shared with the raw-client capture, OTel and the server.
+``marft_bridge.capture.messages``, shared with the raw-client capture, OTel and the server.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ... import messages as shapes
+from ...capture import messages as shapes
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "function",
           "HumanMessageChunk": "user", "AIMessageChunk": "assistant", "SystemMessageChunk": "system",

@@ -16,8 +16,9 @@ from datetime import datetime
 from typing import Any
 
 from ...capture_errors import capture_error
-from ...episode_context import Instrumentor
-from ...recording import EpisodeRecorder
+from ...seams import RegistryRef
+from ...capture.episode_context import Instrumentor
+from ...capture.recording import EpisodeRecorder
 from . import callbacks, precision
 from .runs import RUN, CaptureHandler, _Run
 from .state import LangGraphState
@@ -27,7 +28,7 @@ LANGGRAPH = Instrumentor(LangGraphState, weak=True)
 
 
 class _Instrumentation:
-    def __init__(self, app: Any, store: Any, reward_fn: Any, source: str, registry: Any = None):
+    def __init__(self, app: Any, store: Any, reward_fn: Any, source: str, registry: RegistryRef | None = None):
         self.app = app
         self.store = store
         self.reward_fn = reward_fn
@@ -162,7 +163,7 @@ class _Instrumentation:
 
 
 def instrument(app: Any, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
-               source: str = "langgraph", registry: Any = None) -> Any:
+               source: str = "langgraph", registry: RegistryRef | None = None) -> Any:
     """Capture every run of a compiled LangGraph graph as an Episode; returns the same object.
 
     ``store``: a ``TraceStore`` (default ``TraceStore.open()``). ``reward_fn(inputs, outputs)``
@@ -213,7 +214,7 @@ class capture:
     """
 
     def __init__(self, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
-                 source: str = "langgraph", registry: Any = None):
+                 source: str = "langgraph", registry: RegistryRef | None = None):
         self.store, self.reward_fn, self.source, self.registry = store, reward_fn, source, registry
         self.handler: CaptureHandler | None = None
         self.episode_ids: list[str] = []

@@ -23,9 +23,10 @@ from . import futures, manager_events, memory, tools
 from . import provenance as pv
 from .callbacks import CAPTURE_HANDLER
 from .runs import CaptureHandler, Task, record_env, task_id
+from .. import checked_range
 
 # LangGraph versions whose loop internals these hooks were checked against: [low, high).
-SUPPORTED = ((1, 0), (1, 3))
+SUPPORTED = checked_range("langgraph")  # the range in integrations.INTEGRATIONS
 _PUSH = "__pregel_push"
 _TASKS = "__pregel_tasks"
 # The value an entrypoint saved on its thread (functional API): every task is handed it.
@@ -349,7 +350,7 @@ def _loop_exited(loop: Any, exc: BaseException | None) -> None:
             _save_history(st, exc)
     run = d.pop("_marft_owns_run", None)
     if run is not None:
-        from ...recording import jsonable
+        from ...capture.recording import jsonable
 
         with guarded("langgraph.finish", run.recorder):
             out = None

@@ -16,9 +16,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from ... import episode_context
+from ...capture import episode_context
 from ...capture_errors import guarded
-from ...recording import EpisodeRecorder
+from ...seams import RegistryRef
+from ...capture.recording import EpisodeRecorder
 from .provenance import EMPTY, Task, public_deps, seen
 
 # Write channels of LangGraph's own (the functional API's task result and error).
@@ -164,7 +165,7 @@ class CaptureHandler:
 
     def __init__(self, state: Any, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
                  source: str = "langgraph", on_finish: Callable[[EpisodeRecorder], None] | None = None,
-                 registry: Any = None):
+                 registry: RegistryRef | None = None):
         self.state = state  # the ``LangGraphState`` its runs register their tasks in
         self.store = store
         self.reward_fn = reward_fn

@@ -15,8 +15,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from ...episode_context import CaptureState
-from ...recording import EpisodeRecorder
+from ...capture.episode_context import CaptureState
+from ...capture.recording import EpisodeRecorder
 from .. import openai as oa
 from . import callbacks, precision
 from .provenance import Task

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
-from ...messages import canonical_arguments
+from ...capture.messages import canonical_arguments
 from ...capture_errors import capture_error, guarded
 from ...schema import utcnow
 from . import convert

@@ -1,0 +1,72 @@
+"""``marft fit``: train your own app's agents on a task set (``marft_bridge.fit``)."""
+
+from __future__ import annotations
+
+import argparse
+
+DESCRIPTION = """\
+Train the agents of your own app on a task set: the app is the environment. Each iteration plays K tasks
+x G rollouts (distinct sampling seeds) through the app, concurrently, captures every run as an episode
+into the store (with its task id and rollout index), runs one MARFT update on the rewarded episodes,
+publishes each agent's new adapter as its next version and hot-swaps it into the server, then replays the
+val tasks with the same seeds and prints one metrics line. At the end the best-val versions are promoted
+in OUT/registry, and OUT/results.json and OUT/learning_curve.png are written. App runs that raise or pass
+--rollout-timeout are stored as failed episodes, excluded and counted; so are runs whose reward function
+raises. Under torchrun, rank 0 plays the rollouts and every rank trains."""
+
+EPILOG = """\
+example (examples/fit_quickstart):
+  marft fit --app app:build_app --tasks tasks.jsonl --reward reward:score --base-model MODEL \\
+            --agents writer checker --out runs/fit --iterations 5
+"""
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("fit", help="train your own app's agents on a task set (the app is the environment)",
+                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--app", required=True, metavar="MODULE:FACTORY",
+                   help="FACTORY(endpoint) returns your app (a compiled LangGraph graph, or any object with "
+                   "invoke/ainvoke); point each agent's model at endpoint.base_url with api_key=endpoint.api_key "
+                   "and model=endpoint.model(AGENT). MODULE is imported from the working directory "
+                   "(or give path/to/file.py:FACTORY)")
+    p.add_argument("--tasks", required=True, metavar="FILE",
+                   help="JSONL: one app input (a JSON object) per line, with an optional \"id\"")
+    p.add_argument("--val", metavar="FILE", help="held-out tasks, same format (default: a fixed 10%% of --tasks)")
+    p.add_argument("--reward", required=True, metavar="MODULE:FN",
+                   help="FN(task, output) returns a float (team reward) or {agent: float}; may be async")
+    p.add_argument("--base-model", required=True, metavar="DIR", help="the base model (transformers directory)")
+    p.add_argument("--agents", required=True, nargs="+", metavar="A",
+                   help="the adapter names to train, one per agent (as `marft adapters map` prints them)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output: registry/, traces.db, state/, results.json, learning_curve.png, metrics")
+    p.add_argument("--config", metavar="FILE", help="YAML of MarftConfig options (advantage, lr, ...)")
+    p.add_argument("--iterations", type=int, default=10, metavar="N", help="train/publish iterations (default 10)")
+    p.add_argument("--tasks-per-iteration", type=int, default=8, metavar="K", help="tasks per iteration (default 8)")
+    p.add_argument("--group-size", type=int, default=4, metavar="G",
+                   help="rollouts per task, each with its own sampling seed (default 4)")
+    p.add_argument("--concurrency", type=int, default=16, metavar="C", help="app runs at a time (default 16)")
+    p.add_argument("--seed", type=int, default=0, metavar="S",
+                   help="seed of the task order, the sampling seeds and the trainer (default 0)")
+    p.add_argument("--server", metavar="URL", help="a running vLLM server (default: fit starts the embedded "
+                   "server on 127.0.0.1 with a random key and stops it at the end)")
+    p.add_argument("--api-key-env", metavar="VAR", help="environment variable holding --server's API key")
+    p.add_argument("--store", metavar="URL", help="trace store URL or SQLite path (default OUT/traces.db)")
+    p.add_argument("--rollout-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="an app run longer than this is stopped and stored as a failed episode (default 300)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a killed run from its last completed iteration (no version is published twice)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (the metrics lines still print)")
+    p.set_defaults(func=_fit)
+
+
+def _fit(args) -> int:
+    import logging
+
+    from .loop import fit
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    fit(args.app, args.tasks, args.reward, args.base_model, args.agents, args.out, val=args.val, config=args.config,
+        iterations=args.iterations, tasks_per_iteration=args.tasks_per_iteration, group_size=args.group_size,
+        concurrency=args.concurrency, seed=args.seed, server=args.server, api_key_env=args.api_key_env,
+        store=args.store, rollout_timeout=args.rollout_timeout, resume=args.resume, progress=not args.no_progress)
+    return 0

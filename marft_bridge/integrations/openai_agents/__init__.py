@@ -1,0 +1,9 @@
+"""The OpenAI Agents SDK: its runs as episodes (tracing processor) and their steps (runs)."""
+
+from __future__ import annotations
+
+from .tracing import (FIX, AgentsState, trace_processor, AGENTS, instrument, uninstrument)
+from .runs import (ts, handoff_tool_name, FunctionStep, Run, tool_step)
+
+__all__ = ['AGENTS', 'AgentsState', 'FIX', 'FunctionStep', 'Run', 'handoff_tool_name', 'instrument',
+           'tool_step', 'trace_processor', 'ts', 'uninstrument']

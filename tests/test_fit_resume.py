@@ -1,0 +1,87 @@
+"""kill -9 of ``fit`` in the middle of an iteration, then ``resume``: the run continues from the last completed
+iteration and publishes exactly one version per agent per iteration.
+
+The reward function SIGKILLs its own process at a chosen call (a counter file shared by the runs), so the
+kill lands at a known phase: first after iteration 1 published (while its val tasks are played), then
+in the middle of iteration 2's rollouts. The server is owned by the test (``server=``), so a killed run
+leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("langgraph")
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "examples" / "fit_quickstart"
+
+REWARD = textwrap.dedent("""
+    import fcntl, os, signal
+
+    def score(task, output):
+        with open(os.environ["COUNTER"], "a+") as f:  # one line per call, across the runs
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.write("x\\n")
+            f.flush()
+            f.seek(0)
+            n = len(f.read().splitlines())
+        if n == int(os.environ.get("KILL_AT", "0")):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return 0.0
+""")
+
+DRIVER = textwrap.dedent("""
+    import json, sys
+    from marft_bridge.fitting import fit
+
+    app, reward, base, out, val, url, key, resume = sys.argv[1:9]
+    fit(app, "{tasks}", reward, base, ["planner", "solver"], out, val=val, iterations=2, tasks_per_iteration=2,
+        group_size=2, concurrency=4, server=url, api_key=key, publisher="embedded", resume=resume == "1",
+        progress=False, config={{"ppo_epochs": 1, "num_minibatches": 1}})
+""")
+
+
+def test_sigkill_mid_iteration_then_resume_publishes_one_version_per_agent_per_iteration(tmp_path, tiny_model_dir):
+    from marft_bridge.serving import AdapterRegistry, ServerProcess
+
+    (tmp_path / "reward_kill.py").write_text(REWARD)
+    (tmp_path / "driver.py").write_text(DRIVER.format(tasks=QUICKSTART / "tasks.jsonl"))
+    val = tmp_path / "val.jsonl"
+    val.write_text("".join((QUICKSTART / "val.jsonl").read_text().splitlines(keepends=True)[:2]))
+    out = tmp_path / "out"
+    registry = AdapterRegistry(out / "registry")
+    # calls: iteration 0 val 1-2, iteration 1 train 3-6, its val 7-8 (killed at 7: after publishing v2);
+    # the resume replays iteration 1's val (8-9), then iteration 2's train 10-13 (killed at 11: mid-rollouts);
+    # the last run reruns iteration 2 from its start.
+    with ServerProcess(tiny_model_dir, registry, api_key="k") as server:
+        def run(kill_at: int, resume: bool) -> subprocess.CompletedProcess:
+            env = {"COUNTER": str(tmp_path / "calls"), "KILL_AT": str(kill_at), "PYTHONPATH": str(tmp_path),
+                   "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+            return subprocess.run([sys.executable, str(tmp_path / "driver.py"), f"{QUICKSTART / 'app.py'}:build_app",
+                                   "reward_kill:score", str(tiny_model_dir), str(out), str(val), server.url, "k",
+                                   "1" if resume else "0"], capture_output=True, text=True, timeout=600, env=env)
+
+        first = run(7, resume=False)
+        assert first.returncode == -9, first.stderr[-3000:]
+        assert registry.versions("planner") == [1, 2]  # iteration 1 had published when the kill came
+        second = run(11, resume=True)
+        assert second.returncode == -9, second.stderr[-3000:]
+        assert "iteration 1 was interrupted while evaluating; adopting" in second.stdout
+        last = run(0, resume=True)
+        assert last.returncode == 0, last.stderr[-3000:]
+        assert "iteration 2 was interrupted while rollouts; nothing was published; it runs again" in last.stdout
+
+    for agent in ("planner", "solver"):
+        assert registry.versions(agent) == [1, 2, 3]  # v1 untrained, one per iteration, none twice
+        assert len({registry.manifest(agent, v).round_id for v in (1, 2, 3)}) == 3
+    results = json.loads((out / "results.json").read_text())
+    assert [r["iteration"] for r in results["iterations"]] == [0, 1, 2]
+    assert [r["versions"]["planner"] for r in results["iterations"]] == [1, 2, 3]
+    assert not (out / "state" / "journal.json").exists()
+    assert len((tmp_path / "calls").read_text().splitlines()) == 17  # 11 before the last run, then 4 + 2
