@@ -15,7 +15,6 @@ MOVED = {
     "marft_bridge.recording": "marft_bridge.capture.recording",
     "marft_bridge.episode_context": "marft_bridge.capture.episode_context",
     "marft_bridge.messages": "marft_bridge.capture.messages",
-    "marft_bridge.durable": "marft_bridge.service.durable",
     "marft_bridge.commands": "marft_bridge.service.cli",
     "marft_bridge.http_limits": "marft_bridge.serving.http.limits",
     "marft_bridge.tinymodel": "marft_bridge.demo.tinymodel",

@@ -1,6 +1,8 @@
 """Typed seams at the wings' borders: what one wing needs of an object another wing builds, as a
 ``typing.Protocol``, so a wing can name the type without importing the wing that builds it.
 
+- ``EpisodeSink``: where capture hands finished episodes and late rewards (``store.TraceStore`` is
+  one; so is a cross-process callee's half store).
 - ``LiveVersions``: capture's view of the adapter registry (which version of an adapter is live),
   and ``RegistryRef``, what ``registry=`` accepts wherever capture is set up.
 """
@@ -8,7 +10,21 @@
 from __future__ import annotations
 
 import os
-from typing import Protocol, Union, runtime_checkable
+from typing import Any, Protocol, Union, runtime_checkable
+
+
+@runtime_checkable
+class EpisodeSink(Protocol):
+    """What capture needs of a store: take a finished episode (validated there, a bad record kept as
+    a dead letter), and a reward that arrives after its episode was handed over."""
+
+    def submit(self, episode: Any) -> None:
+        """Store ``episode`` (an ``Episode``, or its JSON dict); may queue it for a background writer."""
+        ...
+
+    def add_reward(self, episode_id: str, value: float, agent: str | None = None, action_id: str | None = None,
+                   source: str = "user") -> Any:
+        ...
 
 
 @runtime_checkable

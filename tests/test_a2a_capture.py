@@ -275,7 +275,10 @@ def test_a_reply_held_for_the_half_is_not_delayed_by_work_after_it(tmp_path):
             sent.append(event)
 
     async def go():
-        tap = cap._QueueTap(Queue(), cap._Reply(), hold=True)
+        from marft_bridge.integrations.a2a.capture import _QueueTap
+        from marft_bridge.integrations.a2a.replies import Reply
+
+        tap = _QueueTap(Queue(), Reply(), hold=True)
         await tap.enqueue_event(new_text_message("done"))
         held = list(sent)
         await asyncio.sleep(3 * tap.HOLD_S)  # the executor still works

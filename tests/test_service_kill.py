@@ -55,7 +55,7 @@ def _always_promote(adapters) -> float:
 # The child: patch one call to SIGKILL the process at the named point, then run one service step.
 CHILD = textwrap.dedent('''
     import os, signal, sys
-    import marft_bridge.service.durable as durable
+    import marft_bridge.durable as durable
     from marft_bridge.service import ContinuousService, ServiceConfig
     from marft_bridge.serving.registry import AdapterRegistry
     from marft_bridge.trainers.marft import MarftTrainer

@@ -79,7 +79,7 @@ from . import episode_context
 from .episode_context import CURRENT_EPISODE, current_episode
 from .messages import occurs_in, output_forms
 from ..schema import Action, Episode, Observation, Output, Policy, Reward, SamplingParams, utcnow
-from ..seams import RegistryRef
+from ..seams import EpisodeSink, RegistryRef
 from .values import add_episode_listener, remove_episode_listener  # noqa: F401 - public here too
 from .values import dumped, fast_id, jsonable, resolve_store, unicode_repaired
 
@@ -92,7 +92,7 @@ class EpisodeRecorder:
 
     def __init__(
         self,
-        store: Any = None,
+        store: EpisodeSink | None = None,
         *,
         task: Any = None,
         source: str = "manual",
@@ -359,7 +359,7 @@ class EpisodeRecorder:
                 meta["error"] = error[:2000]
             data = {
                 "id": self.id, "source": self.source, "task": self.task, "actions": list(self._actions),
-                "rewards": [r.modeldumped() for r in self._rewards], "status": status,
+                "rewards": [r.model_dump() for r in self._rewards], "status": status,
                 "started_at": self.started_at, "ended_at": utcnow(), "metadata": meta,
             }
             self._data = data
@@ -392,7 +392,7 @@ class EpisodeRecorder:
 
 @contextmanager
 def episode(
-    store: Any = None,
+    store: EpisodeSink | None = None,
     task: Any = None,
     source: str = "manual",
     metadata: dict[str, Any] | None = None,
@@ -412,7 +412,7 @@ def episode(
 
 @contextmanager
 def implicit_episode(
-    store: Any = None,
+    store: EpisodeSink | None = None,
     source: str = "capture",
     task: Any = None,
     metadata: dict[str, Any] | None = None,

@@ -12,6 +12,7 @@ from typing import Any
 from ..capture_errors import guarded
 from ..schema import Episode
 from .episode_context import CaptureState, Instrumentor
+from ..seams import EpisodeSink
 
 
 # -- listeners -----------------------------------------------------------------------------------
@@ -45,7 +46,7 @@ _default_store = None
 _default_store_lock = threading.Lock()
 
 
-def resolve_store(store: Any) -> Any:
+def resolve_store(store: EpisodeSink) -> Any:
     global _default_store
     if store is not None:
         return store

@@ -148,7 +148,8 @@ def _check_run(store, source: str, rows: list[dict]) -> tuple[int, bool]:
             continue
         n += 1
         live = next(r["versions"] for r in rows if r["iteration"] == info["iteration"] - 1)
-        ok &= all(a.policy is not None and a.policy.version == live[a.policy.name] for a in ep.actions if a.kind == "llm")
+        ok &= all(a.policy is not None and a.policy.version == live[a.policy.name]
+                  for a in ep.actions if a.kind == "llm")
     return n, ok
 
 

@@ -15,9 +15,9 @@ in OUT/registry, and OUT/results.json and OUT/learning_curve.png are written. Ap
 raises. Under torchrun, rank 0 plays the rollouts and every rank trains."""
 
 EPILOG = """\
-example (examples/fit_quickstart):
-  marft fit --app app:build_app --tasks tasks.jsonl --reward reward:score --base-model MODEL \\
-            --agents writer checker --out runs/fit --iterations 5
+example (run from examples/fit_quickstart):
+  marft fit --app app:build_app --tasks tasks.jsonl --val val.jsonl --reward reward:score \\
+            --base-model MODEL_DIR --agents planner solver --out runs/fit --iterations 8
 """
 
 
@@ -27,8 +27,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--app", required=True, metavar="MODULE:FACTORY",
                    help="FACTORY(endpoint) returns your app (a compiled LangGraph graph, or any object with "
                    "invoke/ainvoke); point each agent's model at endpoint.base_url with api_key=endpoint.api_key "
-                   "and model=endpoint.model(AGENT). MODULE is imported from the working directory "
-                   "(or give path/to/file.py:FACTORY)")
+                   "and model=endpoint.model(AGENT); passing seed=endpoint.seed to a call makes the rollout "
+                   "reproducible. "
+                   "MODULE is imported from the working directory (or give path/to/file.py:FACTORY)")
     p.add_argument("--tasks", required=True, metavar="FILE",
                    help="JSONL: one app input (a JSON object) per line, with an optional \"id\"")
     p.add_argument("--val", metavar="FILE", help="held-out tasks, same format (default: a fixed 10%% of --tasks)")
@@ -38,7 +39,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--agents", required=True, nargs="+", metavar="A",
                    help="the adapter names to train, one per agent (as `marft adapters map` prints them)")
     p.add_argument("--out", required=True, metavar="DIR",
-                   help="output: registry/, traces.db, state/, results.json, learning_curve.png, metrics")
+                   help="output: registry/ (every version), adapters/ (the last), traces.db, state/ (resume), "
+                   "results.json, learning_curve.png, iterations.jsonl, metrics.jsonl (the trainer's)")
     p.add_argument("--config", metavar="FILE", help="YAML of MarftConfig options (advantage, lr, ...)")
     p.add_argument("--iterations", type=int, default=10, metavar="N", help="train/publish iterations (default 10)")
     p.add_argument("--tasks-per-iteration", type=int, default=8, metavar="K", help="tasks per iteration (default 8)")

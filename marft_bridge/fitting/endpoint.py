@@ -42,11 +42,13 @@ class Endpoint:
 
     def model(self, agent: str) -> str:
         """The model name ``agent``'s calls must send: its adapter's name on the server."""
+        from ..errors import MarftError
+
         try:
             return self._agents[agent]
         except KeyError:
-            raise KeyError(f"agent {agent!r} is not one of the trained agents {sorted(self._agents)} "
-                           "(--agents)") from None
+            raise MarftError(f"endpoint.model({agent!r}): not one of the trained agents {sorted(self._agents)} "
+                             "(--agents)") from None
 
     @property
     def agents(self) -> list[str]:

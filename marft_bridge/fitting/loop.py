@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import MarftError
-from ..service import durable
+from .. import durable
 from . import report, tasks as T
 from .settings import FitSettings, load_callable, marft_config
 
@@ -207,6 +207,7 @@ class _Fit:
             journal.update(phase="evaluating", metrics={}, versions={}, seconds=time.perf_counter() - started)
             self._write_journal(journal)
             return self._evaluate_and_close(journal)
+        _check_trainable(trainable, s.agents)
         journal["phase"] = "training"
         self._write_journal(journal)  # a kill from here to "publishing" reruns the iteration
         metrics = self.step.train([e.id for e in trainable], self.dir / "candidate", episodes=trainable)
@@ -298,6 +299,19 @@ class _Fit:
                            + ", ".join(f"{a} v{v}" for a, v in best["versions"].items())
                            + f"; results in {self.out / report.RESULTS_FILE}, curve in {self.out / report.CURVE_FILE}")
         return results
+
+
+def _check_trainable(episodes: list, agents: list[str]) -> None:
+    """Refuse a run whose model calls the trainer cannot attribute to any of ``agents`` (the app's models
+    do not send ``model=endpoint.model(agent)``): it would train nothing, silently."""
+    from ..trainers.batch import trained_name
+
+    calls = [a for e in episodes for a in e.actions if a.kind == "llm"]
+    if not any(trained_name(a, set(agents)) for a in calls):
+        used = sorted({a.policy.name if a.policy else a.agent for a in calls})
+        raise MarftError(f"no model call of the {len(episodes)} rewarded episodes belongs to --agents {agents} "
+                         f"(the calls used {used or 'no model at all'}); each agent's model must send "
+                         "model=endpoint.model(AGENT) to endpoint.base_url")
 
 
 def _count(outcomes: list) -> dict[str, int]:

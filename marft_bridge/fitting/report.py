@@ -34,7 +34,7 @@ def metrics_line(row: dict, iterations: int) -> str:
 
 
 def write_results(out: Path, rows: list[dict], best: dict, settings: dict, seconds: float) -> dict:
-    from ..service import durable
+    from .. import durable
 
     totals: dict[str, int] = {}
     for r in rows:
@@ -83,7 +83,8 @@ class Progress:
             from rich.progress import Progress as RichProgress
 
             self.bar = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                    TimeElapsedColumn(), TextColumn("{task.fields[status]}"), console=self.console)
+                                    TimeElapsedColumn(), TextColumn("{task.fields[status]}"), console=self.console,
+                                    transient=True)
             self.bar.__enter__()
         return self
 
@@ -98,7 +99,8 @@ class Progress:
             self.bar.update(self.job, advance=1, **({"status": status} if status else {}))
 
     def print(self, line: str) -> None:
-        (self.bar.console if self.bar is not None else self.console).print(line, highlight=False, markup=False, soft_wrap=True)
+        console = self.bar.console if self.bar is not None else self.console
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
 
     def __exit__(self, *exc: Any) -> None:
         if self.bar is not None:
@@ -106,6 +108,6 @@ class Progress:
 
 
 def append_row(out: Path, row: dict) -> None:
-    from ..service import durable
+    from .. import durable
 
     durable.append_json_line(out / ITERATIONS_FILE, json.loads(json.dumps(row, default=str)))

@@ -116,7 +116,8 @@ def _reward_records(value: float | dict[str, float], record: dict) -> tuple[list
         if key not in by_adapter:
             raise ValueError(f"the reward names agent {key!r}, which has no action in this episode "
                              f"(agents and adapters: {sorted(by_adapter)})")
-        rewards += [Reward(value=v, agent=agent, source=REWARD_SOURCE).model_dump() for agent in sorted(by_adapter[key])]
+        rewards += [Reward(value=v, agent=agent, source=REWARD_SOURCE).model_dump()
+                    for agent in sorted(by_adapter[key])]
     if not value:
         raise ValueError("the reward function returned an empty dict")
     return rewards, sum(value.values()) / len(value)

@@ -39,7 +39,8 @@ def read_tasks(path: str | Path) -> list[Task]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise MarftError(f"{p} line {n}: not JSON ({e.msg}); each line must be one JSON object (an app input)") from None
+            raise MarftError(f"{p} line {n}: not JSON ({e.msg}); each line must be one JSON object "
+                             "(an app input)") from None
         if not isinstance(obj, dict):
             raise MarftError(f"{p} line {n}: a JSON {type(obj).__name__}, not an object; each line must be one "
                              "JSON object (an app input)")

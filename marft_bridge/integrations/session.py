@@ -39,7 +39,7 @@ from . import INTEGRATIONS
 from ..capture import recording
 from ..capture.episode_context import OPEN_CAPTURE
 from ..capture_errors import guarded
-from ..seams import RegistryRef
+from ..seams import EpisodeSink, RegistryRef
 
 def instrument_clients() -> None:
     """Instrument, for the process, the integrations the table marks for ``episode``/``capture`` blocks
@@ -57,7 +57,7 @@ def instrument_clients() -> None:
 
 @contextmanager
 def episode(
-    store: Any = None,
+    store: EpisodeSink | None = None,
     task: Any = None,
     source: str = "manual",
     metadata: dict[str, Any] | None = None,
@@ -82,7 +82,7 @@ class capture:
     """``with capture(store=...) as c:`` records every top-level run started in the block (see the
     module docstring). ``c.episode_ids``: the episodes this block recorded, in finishing order."""
 
-    def __init__(self, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
+    def __init__(self, store: EpisodeSink | None = None, reward_fn: Callable[[Any, Any], float] | None = None,
                  source: str = "langgraph", registry: RegistryRef | None = None):
         self.store, self.reward_fn, self.source, self.registry = store, reward_fn, source, registry
         self.episode_ids: list[str] = []

@@ -45,7 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from . import durable
+from .. import durable
 from .config import DECISIONS_FILE, JOURNAL_FILE, STATE_FILE, ServiceConfig, ServiceJournal, ServiceState
 from ..errors import MarftError
 

@@ -169,7 +169,7 @@ def _save_checkpoint(out: Path, policy, opt, state: dict) -> None:
 
     import torch
 
-    from ..service.durable import replace_dir
+    from ..durable import replace_dir
     from . import checkpoint
 
     staging = out / (CHECKPOINT + ".staging")
@@ -186,7 +186,7 @@ def _load_checkpoint(out: Path, policy) -> tuple[dict, dict | None]:
     """(state, the optimiser state dict or None) of OUT/checkpoint, its weights and RNG restored."""
     import torch
 
-    from ..service.durable import recover_dir
+    from ..durable import recover_dir
     from . import checkpoint
 
     if done := recover_dir(out / CHECKPOINT):
@@ -307,7 +307,7 @@ def _agent_epoch(policy, adapter: str, epoch: int, train: list[Example], val: li
 def _write_adapters(out: Path, policy) -> Path:
     import shutil
 
-    from ..service.durable import replace_dir
+    from ..durable import replace_dir
     from .checkpoint import save_adapters
 
     staging = out / "adapters.staging"

@@ -17,11 +17,12 @@ from urllib.parse import unquote
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.responses import RedirectResponse
 
 from ..errors import MarftError
-from .episodes import EpisodeIndex, action_page, action_view, episode_view
-from .files import Runs, adapters_view
+from .episodes import EpisodeIndex
+from .files import Runs
+from .routes import ViewerContext, error, router
 
 KEY_COOKIE = "marft_ui_key"
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
@@ -51,10 +52,6 @@ def load_decoder(path: str | Path):
     except Exception as e:  # noqa: BLE001 - missing package, missing or unreadable files: one message
         raise MarftError(f"--tokenizer {path}: cannot load a tokenizer there ({type(e).__name__}: {e})") from None
     return lambda ids: [tok.decode([i]) for i in ids]
-
-
-def error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
 
 
 def _guard(api_key: str | None):
@@ -88,17 +85,17 @@ def _guard(api_key: str | None):
 def create_app(store, *, registry: str | Path | None = None, runs: list[str | Path] = (),
                service_state: str | Path | None = None, api_key: str | None = None,
                tokenizer: str | Path | None = None):
+    """The viewer's app: ``routes.router`` over a ``ViewerContext`` on ``app.state.viewer``, behind
+    ``_guard``; every error is JSON ``{"error": ...}``."""
     from ..store import EpisodeNotFound
 
-    index = EpisodeIndex(store)
-    run_dirs = Runs(list(runs))
-    registry_dir = Path(registry).expanduser().resolve() if registry else None
-    state_dir = Path(service_state).expanduser().resolve() if service_state else None
-    static = _static_files()
-    decode = load_decoder(tokenizer) if tokenizer else None
     app = FastAPI(title="marft ui", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.index = index
-
+    app.state.viewer = ViewerContext(
+        store=store, index=EpisodeIndex(store), runs=Runs(list(runs)),
+        registry_dir=Path(registry).expanduser().resolve() if registry else None,
+        state_dir=Path(service_state).expanduser().resolve() if service_state else None,
+        static=_static_files(), decode=load_decoder(tokenizer) if tokenizer else None)
+    app.state.index = app.state.viewer.index
     app.middleware("http")(_guard(api_key))
 
     @app.exception_handler(MarftError)
@@ -119,80 +116,5 @@ def create_app(store, *, registry: str | Path | None = None, runs: list[str | Pa
         where = ".".join(str(p) for p in first.get("loc", ())[1:]) or "request"
         return error(400, f"{where}: {first.get('msg', 'invalid')}")
 
-    def page_params(request: Request) -> dict[str, str]:
-        return dict(request.query_params)
-
-    @app.get("/")
-    def page():
-        body, kind = static["index.html"]
-        return Response(body, media_type=kind, headers={"Cache-Control": "no-store"})
-
-    @app.get("/static/{name}")
-    def asset(name: str):
-        if name not in static:
-            return error(404, f"no asset {name!r}")
-        body, kind = static[name]
-        return Response(body, media_type=kind)
-
-    @app.get("/api/meta")
-    def meta():
-        index.refresh()
-        return {"store": store.url, "registry": str(registry_dir) if registry_dir else None,
-                "runs": [str(r) for r in run_dirs.roots], "service_state": str(state_dir) if state_dir else None,
-                "cursor": index.cursor, "stats": store.stats()}
-
-    @app.get("/api/episodes")
-    def episodes(request: Request):
-        return index.query(page_params(request))
-
-    @app.get("/api/changes")
-    def changes(cursor: int = 0):
-        return index.changes(cursor)
-
-    @app.get("/api/dead-letters")
-    def dead_letters(limit: int = 50):
-        if not 1 <= limit <= 200:
-            raise MarftError("limit must be 1..200")
-        return {"items": [d.model_dump(mode="json") for d in store.dead_letters(limit, raw_chars=2000)]}
-
-    @app.get("/api/episodes/{episode_id}")
-    def episode(episode_id: str):
-        return episode_view(index.episode(episode_id))
-
-    @app.get("/api/episodes/{episode_id}/actions")
-    def actions(episode_id: str, request: Request):
-        return action_page(index.episode(episode_id), page_params(request))
-
-    @app.get("/api/episodes/{episode_id}/actions/{action_id}")
-    def action(episode_id: str, action_id: str):
-        ep = index.episode(episode_id)
-        try:
-            return action_view(ep, action_id, decode)
-        except KeyError:
-            return error(404, f"episode {episode_id!r} has no action {action_id!r}")
-
-    @app.get("/api/episodes/{episode_id}/export")
-    def export(episode_id: str):
-        ep = index.episode(episode_id)
-        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in episode_id)[:80]
-        return Response(ep.to_json(), media_type="application/json",
-                        headers={"Content-Disposition": f'attachment; filename="episode-{safe}.json"'})
-
-    @app.get("/api/runs")
-    def runs_list():
-        return {"roots": [str(r) for r in run_dirs.roots], "runs": run_dirs.list()}
-
-    @app.get("/api/runs/{name:path}")
-    def run(name: str):
-        found = run_dirs.series(name)
-        return error(404, f"no training run {name!r}") if found is None else found
-
-    @app.get("/api/adapters")
-    def adapters():
-        return adapters_view(registry_dir, state_dir, index.served())
-
-    @app.get("/api/{rest:path}")
-    def unknown(rest: str):
-        return error(404, f"no endpoint /api/{rest}")
-
+    app.include_router(router)
     return app

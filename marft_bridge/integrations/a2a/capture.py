@@ -42,8 +42,6 @@ from typing import Any
 from a2a.client import create_client
 from a2a.client.interceptors import ClientCallInterceptor
 from a2a.server.agent_execution import AgentExecutor
-from a2a.types import TaskState
-from google.protobuf import json_format
 
 from ...capture_errors import capture_error, guarded
 from ...capture.episode_context import current_episode
@@ -51,85 +49,14 @@ from ...errors import MarftError
 from ...schema import utcnow
 from .. import openai as oa
 from ..crossprocess import propagation as prop
+from .replies import Reply, message_metadata, message_text
+from ...seams import EpisodeSink
 
 # The agent a served request belongs to: messages it sends on are that agent's actions.
 _SERVING: contextvars.ContextVar[str | None] = contextvars.ContextVar("marft_a2a_serving", default=None)
 _CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("marft_a2a_call", default=None)
 
-_TERMINAL = {"TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELED", "TASK_STATE_REJECTED",
-             "TASK_STATE_INPUT_REQUIRED", "TASK_STATE_AUTH_REQUIRED"}
-_FAILED = {"TASK_STATE_FAILED", "TASK_STATE_REJECTED"}
 _SEND_METHODS = ("send_message", "send_message_streaming")
-
-
-def _state_name(state: int) -> str:
-    return TaskState.Name(state)
-
-
-def _message_text(msg: Any) -> str:
-    return "\n".join(p.text for p in msg.parts if p.HasField("text"))
-
-
-def _metadata(msg: Any) -> dict[str, Any]:
-    return json_format.MessageToDict(msg.metadata) if msg is not None and msg.HasField("metadata") else {}
-
-
-class _Reply:
-    """The reply of an A2A call or the output of a served request, gathered from its events."""
-
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-        self.state: str | None = None
-        self.task_id: str | None = None
-        self.context_id: str | None = None
-        self.final = False
-
-    def add(self, event: Any) -> None:
-        """One event: a Message, Task, status or artifact update, or a response holding one."""
-        kind = type(event).__name__
-        if kind in ("StreamResponse", "SendMessageResponse"):
-            which = event.WhichOneof("payload")
-            if which is None:
-                return
-            return self.add(getattr(event, which))
-        if kind == "Message":
-            self.texts.append(_message_text(event))
-            self.task_id = event.task_id or self.task_id
-            self.context_id = event.context_id or self.context_id
-            self.final = True
-        elif kind == "Task":
-            self.task_id, self.context_id = event.id, event.context_id
-            for art in event.artifacts:
-                self.texts.append("\n".join(p.text for p in art.parts if p.HasField("text")))
-            self._status(event.status)
-        elif kind == "TaskStatusUpdateEvent":
-            self.task_id, self.context_id = event.task_id, event.context_id
-            self._status(event.status)
-        elif kind == "TaskArtifactUpdateEvent":
-            self.task_id, self.context_id = event.task_id, event.context_id
-            self.texts.append("\n".join(p.text for p in event.artifact.parts if p.HasField("text")))
-
-    def _status(self, status: Any) -> None:
-        self.state = _state_name(status.state)
-        if status.HasField("message"):
-            text = _message_text(status.message)
-            if text and text not in self.texts:
-                self.texts.append(text)
-        self.final = self.state in _TERMINAL
-
-    @property
-    def text(self) -> str:
-        return "\n".join(t for t in self.texts if t)
-
-    def failure(self) -> str | None:
-        """The error of a failed or rejected task, else None."""
-        if self.state not in _FAILED:
-            return None
-        return f"task {self.state}: {self.text}" if self.text else f"task {self.state}"
-
-    def meta(self) -> dict[str, Any]:
-        return {k: v for k, v in (("a2a.task_id", self.task_id), ("a2a.context_id", self.context_id),
-                                  ("a2a.state", self.state)) if v}
 
 
 # -- client --------------------------------------------------------------------------------------
@@ -144,7 +71,7 @@ class _Call:
     message_id: str
     started: Any
     t0: float
-    reply: _Reply = field(default_factory=_Reply)
+    reply: Reply = field(default_factory=Reply)
     done: bool = False
 
     def record(self, error: str | None = None) -> None:
@@ -185,7 +112,7 @@ class CaptureInterceptor(ClientCallInterceptor):
             prop.inject(carrier, step.ref)
             carrier[prop.HALF_KEY] = "reply"  # a captured agent sends its half back: no merge in the store
             msg.metadata.update(carrier)
-            _CALL.set(_Call(step, agent, args.agent_card.name, _message_text(msg), msg.message_id, utcnow(),
+            _CALL.set(_Call(step, agent, args.agent_card.name, message_text(msg), msg.message_id, utcnow(),
                             time.perf_counter()))
 
     async def after(self, args: Any) -> None:
@@ -289,7 +216,7 @@ class _QueueTap:
 
     HOLD_S = 0.1
 
-    def __init__(self, queue: Any, reply: _Reply, hold: bool = False):
+    def __init__(self, queue: Any, reply: Reply, hold: bool = False):
         self._queue = queue
         self._reply = reply
         self._hold = hold
@@ -340,7 +267,7 @@ class _QueueTap:
 class CaptureExecutor(AgentExecutor):
     """Wraps an ``AgentExecutor``: each request is recorded as this agent's half of the episode."""
 
-    def __init__(self, executor: Any, card: Any, store: Any = None):
+    def __init__(self, executor: Any, card: Any, store: EpisodeSink | None = None):
         self.executor = executor
         self.agent = card if isinstance(card, str) else card.name
         self.store = store
@@ -355,7 +282,7 @@ class CaptureExecutor(AgentExecutor):
             rec = self._open(context)
         if rec is None:
             return await self.executor.execute(context, event_queue)
-        reply = _Reply()
+        reply = Reply()
         tap = _QueueTap(event_queue, reply, hold=rec.store.reply is not None)
         token = _SERVING.set(self.agent)
         oa.OPENAI.instrument(rec)  # while it serves: the model calls the agent makes are its half's actions
@@ -377,7 +304,7 @@ class CaptureExecutor(AgentExecutor):
 
     def _open(self, context: Any) -> Any:
         msg = context.message
-        carrier = _metadata(msg)
+        carrier = message_metadata(msg)
         caller = prop.extract(carrier) or prop.extract(context.metadata)
         eid = None
         if caller is None:
@@ -390,7 +317,7 @@ class CaptureExecutor(AgentExecutor):
         if msg is None:
             err = "request has no message"
         else:
-            text = _message_text(msg)
+            text = message_text(msg)
             if not text and not len(msg.parts):
                 err = "message has no parts"
         meta = {"a2a.task_id": context.task_id, "a2a.context_id": context.context_id,
@@ -402,7 +329,7 @@ class CaptureExecutor(AgentExecutor):
                           validate=prop.needs_validation(self.agent, text))
         return rec
 
-    def _close(self, rec: Any, context: Any, reply: _Reply, error: str | None) -> None:
+    def _close(self, rec: Any, context: Any, reply: Reply, error: str | None) -> None:
         with guarded("a2a.server.close", rec):
             if error is None:
                 error = reply.failure()

@@ -11,6 +11,7 @@ from typing import Any
 
 from ...capture_errors import capture_error
 from ...errors import RecordError
+from ...seams import EpisodeSink
 
 log = logging.getLogger("marft_bridge.capture")
 
@@ -18,7 +19,7 @@ log = logging.getLogger("marft_bridge.capture")
 class JoinWriter:
     """Writes callee halves once the caller's call step is stored (background thread)."""
 
-    def __init__(self, store: Any, join_timeout: float = 120.0, poll: float = 0.1, idle_exit: float = 5.0):
+    def __init__(self, store: EpisodeSink, join_timeout: float = 120.0, poll: float = 0.1, idle_exit: float = 5.0):
         self.store = store
         self.join_timeout = join_timeout
         self.poll = poll

@@ -44,13 +44,9 @@ call raised, an intermediate round) goes through the join writer.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import threading
-import uuid
 import weakref
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,67 +54,10 @@ from ...capture_errors import capture_error, guarded
 from ...capture.episode_context import CaptureState, FrameworkTask, Instrumentor, ToolStep, current_framework_task
 from ...capture.recording import EpisodeRecorder
 from ...schema import MAX_NAME_CHARS
+from ...seams import EpisodeSink
+from .carrier import (CALLER_KEY, HALF_KEY, CallerRef, conversation_episode_id, extract,  # noqa: F401 - public here
+                      inject, span_id, trace_id)
 from .join_writer import JoinWriter, combine_halves
-
-CALLER_KEY = "marft/caller"
-# Request: "reply" (the caller can take the callee's half back in the reply); reply: the half.
-HALF_KEY = "marft/half"
-_HEX32 = re.compile(r"^[0-9a-f]{32}$")
-_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
-
-
-@dataclass(frozen=True)
-class CallerRef:
-    """Which action of which episode a request came from."""
-
-    episode_id: str
-    action_id: str | None = None
-    step: int = 0
-
-
-def trace_id(episode_id: str) -> str:
-    """The W3C trace id of an episode (the id itself when it is 32 hex digits)."""
-    return episode_id if _HEX32.match(episode_id) else hashlib.sha256(episode_id.encode()).hexdigest()[:32]
-
-
-def span_id(action_id: str) -> str:
-    """The W3C span id of a call step: the last 16 hex digits of a 32-hex id (the random ones: the
-    recorder's ids start with the time), else a hash of the id."""
-    return action_id[-16:] if _HEX32.match(action_id) else hashlib.sha256(action_id.encode()).hexdigest()[:16]
-
-
-def inject(carrier: dict[str, Any], ref: CallerRef) -> None:
-    """Write the caller's trace context into a ``_meta`` / metadata dict (in place).
-
-    An existing ``traceparent`` (the app's own OpenTelemetry trace) is left as it is.
-    """
-    if ref.action_id is None:
-        return
-    carrier.setdefault("traceparent", f"00-{trace_id(ref.episode_id)}-{span_id(ref.action_id)}-01")
-    carrier[CALLER_KEY] = f"{ref.episode_id} {ref.action_id} {ref.step}"
-
-
-def extract(carrier: Mapping[str, Any] | None) -> CallerRef | None:
-    """The caller a request names, or None. A bare W3C ``traceparent`` (a caller that marft_bridge
-    does not capture) gives the episode id and no caller action."""
-    if not carrier:
-        return None
-    raw = carrier.get(CALLER_KEY)
-    if isinstance(raw, str):
-        parts = raw.split(" ")
-        if len(parts) == 3 and parts[0] and parts[1] and parts[2].isdigit():
-            return CallerRef(parts[0], parts[1], int(parts[2]))
-    tp = carrier.get("traceparent")
-    if isinstance(tp, str):
-        m = _TRACEPARENT.match(tp.strip().lower())
-        if m and m.group(1) != "0" * 32:
-            return CallerRef(m.group(1))
-    return None
-
-
-def conversation_episode_id(context_id: str) -> str:
-    """A stable episode id for an A2A conversation that arrives without a caller."""
-    return uuid.uuid5(uuid.NAMESPACE_URL, f"a2a-context:{context_id}").hex
 
 
 # -- the caller's side ---------------------------------------------------------------------------
@@ -253,7 +192,7 @@ def _in_flight(step: CallStep) -> CallStep:
     return step
 
 
-def join_writer(store: Any) -> JoinWriter:
+def join_writer(store: EpisodeSink) -> JoinWriter:
     """The one JoinWriter of a store object in this process."""
     calls = _calls()
     with calls.lock:
@@ -263,7 +202,7 @@ def join_writer(store: Any) -> JoinWriter:
         return w
 
 
-def flush_joins(store: Any = None, timeout: float | None = None) -> bool:
+def flush_joins(store: EpisodeSink | None = None, timeout: float | None = None) -> bool:
     """Wait for the callee halves this process has to write (all stores, or one)."""
     calls = CALLS.state
     if calls is None:
@@ -396,7 +335,7 @@ class CalleeHalfStore:
     """The store an ``EpisodeRecorder`` of a callee's half writes through: on ``submit`` the half
     is joined to the caller (see the module docstring) and handed to the ``JoinWriter``."""
 
-    def __init__(self, store: Any, caller: CallerRef | None, writer: JoinWriter, nest_under: str | None = None):
+    def __init__(self, store: EpisodeSink, caller: CallerRef | None, writer: JoinWriter, nest_under: str | None = None):
         self.store = store
         self.caller = caller
         self.writer = writer
@@ -447,7 +386,7 @@ class CalleeHalfStore:
         return self.store.add_reward(*args, **kw)
 
 
-def callee_recorder(store: Any, caller: CallerRef | None, *, episode_id: str | None = None, source: str,
+def callee_recorder(store: EpisodeSink, caller: CallerRef | None, *, episode_id: str | None = None, source: str,
                     metadata: dict[str, Any] | None = None, nest_under: str | None = None) -> EpisodeRecorder:
     """An ``EpisodeRecorder`` for a callee's half of the caller's episode (or of ``episode_id``).
 

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from ...capture_errors import capture_error
-from ...seams import RegistryRef
+from ...seams import EpisodeSink, RegistryRef
 from ...capture.episode_context import Instrumentor
 from ...capture.recording import EpisodeRecorder
 from . import callbacks, precision
@@ -28,7 +28,7 @@ LANGGRAPH = Instrumentor(LangGraphState, weak=True)
 
 
 class _Instrumentation:
-    def __init__(self, app: Any, store: Any, reward_fn: Any, source: str, registry: RegistryRef | None = None):
+    def __init__(self, app: Any, store: EpisodeSink, reward_fn: Any, source: str, registry: RegistryRef | None = None):
         self.app = app
         self.store = store
         self.reward_fn = reward_fn
@@ -162,7 +162,7 @@ class _Instrumentation:
         self.finish(run, chunks)
 
 
-def instrument(app: Any, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
+def instrument(app: Any, store: EpisodeSink | None = None, reward_fn: Callable[[Any, Any], float] | None = None,
                source: str = "langgraph", registry: RegistryRef | None = None) -> Any:
     """Capture every run of a compiled LangGraph graph as an Episode; returns the same object.
 
@@ -213,7 +213,7 @@ class capture:
     ``registry`` as in ``instrument()``.
     """
 
-    def __init__(self, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
+    def __init__(self, store: EpisodeSink | None = None, reward_fn: Callable[[Any, Any], float] | None = None,
                  source: str = "langgraph", registry: RegistryRef | None = None):
         self.store, self.reward_fn, self.source, self.registry = store, reward_fn, source, registry
         self.handler: CaptureHandler | None = None

@@ -23,6 +23,7 @@ from . import futures, manager_events, memory, tools
 from . import provenance as pv
 from .callbacks import CAPTURE_HANDLER
 from .runs import CaptureHandler, Task, record_env, task_id
+from .threads import restore_history, save_history, snapshot
 from .. import checked_range
 
 # LangGraph versions whose loop internals these hooks were checked against: [low, high).
@@ -57,7 +58,7 @@ class _LoopState:
         self.prov: dict[str, frozenset[str]] = {}
         self.sends: dict[int, tuple[Any, frozenset[str]]] = {}  # id(Send.arg) -> (Send, provenance)
         self.seen: set[str] = set()
-        self.resumed: dict[str, tuple[frozenset[str], list[str]]] = {}  # see _ThreadHistory.stopped
+        self.resumed: dict[str, tuple[frozenset[str], list[str]]] = {}  # see ThreadHistory.stopped
         # Actions of the step a ParentCommand (a handoff) unwound: they reach the parent graph.
         self.bubbled: frozenset[str] = pv.EMPTY
         # On a checkpointed thread of an episode: checkpoint id -> (provenance, channel versions) there.
@@ -70,24 +71,6 @@ class _LoopState:
 
     def accumulates(self, ch: str) -> bool:
         return kinds.accumulates(self.loop.channels.get(ch))
-
-
-class _ThreadHistory:
-    """What a run leaves on a checkpointed thread for the next run of the same episode there: the
-    provenance of its channels, their versions then, and the tasks of the step it stopped in
-    (interrupted or failed): id -> (deps, actions). Those run again on resume, with the same
-    inputs, or hand back the writes they saved. For a run that starts from an older checkpoint
-    (time travel), the provenance at every checkpoint the episode's runs made there (``at``)."""
-
-    __slots__ = ("prov", "versions", "stopped", "last", "at")
-
-    def __init__(self, st: _LoopState):
-        self.prov = st.prov
-        self.versions = dict(st.loop.checkpoint["channel_versions"])
-        tasks = st.run.state.tasks
-        self.stopped = {tid: (t.deps, list(t.actions)) for tid in st.loop.tasks if (t := tasks.get(tid)) is not None}
-        self.last = st.loop.checkpoint.get("id")
-        self.at = st.snapshots or {}
 
 
 def _key_provenance(parent: Task, sub_input: Any) -> dict[str, frozenset[str]] | None:
@@ -108,9 +91,11 @@ def _key_provenance(parent: Task, sub_input: Any) -> dict[str, frozenset[str]] |
 def _packet_provenance(st: _LoopState, packet: Any, values: dict[str, Any]) -> frozenset[str]:
     """What a ``Send``'s packet carries besides its sender's decision: the provenance of each value
     in it that a channel holds (``values``: the channels' values; by identity — a value the sender
-    computed is its own output)."""
+    computed is its own output). A value that is itself a mapping (``create_agent`` sends each tool
+    call with the graph state: ``ToolCallWithContext.state``) carries its values' provenance too."""
     items = list(packet.values()) if isinstance(packet, Mapping) else [packet]
-    return pv.EMPTY.union(*(pv.value_provenance(v, values, st.prov, pv.EMPTY) for v in items))
+    nested = [x for v in items if isinstance(v, Mapping) for x in v.values()]
+    return pv.EMPTY.union(*(pv.value_provenance(v, values, st.prov, pv.EMPTY) for v in [*items, *nested]))
 
 
 def _attach(h: CaptureHandler, loop: Any) -> _LoopState | None:
@@ -130,7 +115,7 @@ def _attach(h: CaptureHandler, loop: Any) -> _LoopState | None:
     h.precise = True
     if parent is None:
         st.run.base = st.run.recorder.max_step() or 0
-    _restore_history(st)
+    restore_history(st)
     return st
 
 
@@ -148,77 +133,6 @@ def _state(loop: Any) -> _LoopState | None:
         st = (_attach(h, loop) if h is not None else None) or False
         loop.__dict__["_marft"] = st
     return st or None
-
-
-# -- checkpointed threads --------------------------------------------------------------------------
-
-
-def _thread_key(st: _LoopState) -> tuple[str, str] | None:
-    """Where the loop's channels and the run's episode both outlive the run: (thread_id, checkpoint_ns)."""
-    loop = st.loop
-    conf = loop.config.get("configurable") or {}
-    if st.run.scope is None or loop.checkpointer is None or conf.get("thread_id") is None:
-        return None
-    return str(conf["thread_id"]), conf.get("checkpoint_ns") or ""
-
-
-def _restore_history(st: _LoopState) -> None:
-    key = _thread_key(st)
-    if key is None:
-        return
-    # Taken, not read: the loop leaves its own history when it exits (a finished subgraph none).
-    hist = st.run.scope.threads.pop(key, None)
-    st.snapshots = dict(hist.at) if hist is not None else {}
-    if hist is not None:
-        now = st.loop.checkpoint["channel_versions"]
-        older = _time_travel(st, hist, key)
-        if older is None:
-            st.prov = pv.restore(hist.prov, hist.versions, now, st.accumulates)
-            st.resumed = hist.stopped
-        else:  # what the older checkpoint held then; a fork's own update moved versions as a new write does
-            st.prov = pv.restore(*older, now, st.accumulates)
-    _snapshot(st)
-
-
-def _time_travel(st: _LoopState, hist: _ThreadHistory, key: tuple[str, str]) -> tuple[dict, dict] | None:
-    """(provenance, versions) at the older checkpoint a root run starts from: the one its config
-    names (a replay), or the nearest one the episode made among its parents (a fork ``update_state``
-    wrote); nothing when none is (made before the episode). None: it goes on from the last run's."""
-    asked = (st.loop.config.get("configurable") or {}).get("checkpoint_id")
-    if st.parent is not None or asked is None or asked == hist.last:
-        return None
-    thread, ns = key
-    for _ in range(64):  # a chain of forks, bounded
-        if asked in hist.at:
-            return hist.at[asked]
-        try:  # the checkpointer's public read; an async-only saver has none here: no provenance
-            saved = st.loop.checkpointer.get_tuple(
-                {"configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": asked}})
-        except Exception:  # noqa: BLE001 - capture must not break the app
-            saved = None
-        parent = saved.parent_config if saved is not None else None
-        asked = (parent or {}).get("configurable", {}).get("checkpoint_id")
-        if asked is None:
-            break
-    return {}, {}
-
-
-def _snapshot(st: _LoopState) -> None:
-    """Note the provenance at the loop's current checkpoint (a later run may start from it)."""
-    if st.snapshots is not None:
-        ck = st.loop.checkpoint
-        st.snapshots[ck.get("id")] = (dict(st.prov), dict(ck["channel_versions"]))
-
-
-def _save_history(st: _LoopState, exc: BaseException | None) -> None:
-    key = _thread_key(st)
-    if key is None or st.run.recorder.closed:
-        return
-    from langgraph.errors import GraphInterrupt
-
-    # A subgraph's namespace names its parent task: only resuming that interrupted task reruns it.
-    if st.parent is None or isinstance(exc, GraphInterrupt):
-        st.run.scope.threads[key] = _ThreadHistory(st)
 
 
 # -- tasks of a step ---------------------------------------------------------------------------------
@@ -347,7 +261,7 @@ def _loop_exited(loop: Any, exc: BaseException | None) -> None:
                 tasks = st.run.state.tasks
                 st.bubbled = pv.EMPTY.union(*(pv.task_output(t) or t.deps for tid in loop.tasks
                                               if (t := tasks.get(tid)) is not None))
-            _save_history(st, exc)
+            save_history(st, exc)
     run = d.pop("_marft_owns_run", None)
     if run is not None:
         from ...capture.recording import jsonable
@@ -387,7 +301,7 @@ def _after_tick(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     if st is not None:
         try:
             _drop_cleared(st)
-            _snapshot(st)
+            snapshot(st)
         except Exception as e:  # noqa: BLE001
             capture_error("langgraph.after_tick", e)
     return out

@@ -18,7 +18,7 @@ from typing import Any
 
 from ...capture import episode_context
 from ...capture_errors import guarded
-from ...seams import RegistryRef
+from ...seams import EpisodeSink, RegistryRef
 from ...capture.recording import EpisodeRecorder
 from .provenance import EMPTY, Task, public_deps, seen
 
@@ -163,7 +163,7 @@ class _Run:
 class CaptureHandler:
     """The settings and runs of one ``instrument``-ed call (``run`` set) or one ``capture()`` block."""
 
-    def __init__(self, state: Any, store: Any = None, reward_fn: Callable[[Any, Any], float] | None = None,
+    def __init__(self, state: Any, store: EpisodeSink | None = None, reward_fn: Callable[[Any, Any], float] | None = None,
                  source: str = "langgraph", on_finish: Callable[[EpisodeRecorder], None] | None = None,
                  registry: RegistryRef | None = None):
         self.state = state  # the ``LangGraphState`` its runs register their tasks in

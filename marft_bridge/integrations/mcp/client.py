@@ -52,6 +52,7 @@ from ..hooks import Hooks, arg, installed_version
 from .records import block_text, error_text, input_required, jsonable, result_text, tool_fields
 from .server import CaptureMiddleware, instrument_server, uninstrument_server
 from .. import checked_range
+from ...seams import EpisodeSink
 
 # mcp versions the client hooks were checked against: [low, high). call_tool(meta=...) came in 1.19;
 # 1.21.2 is the first 1.x that imports on pydantic 2.14.
@@ -233,7 +234,7 @@ def _is_session(obj: Any) -> bool:
     return hasattr(obj, "send_request") and hasattr(obj, "call_tool")
 
 
-def instrument_client(client: Any, agent: str | None = None, store: Any = None) -> Any:
+def instrument_client(client: Any, agent: str | None = None, store: EpisodeSink | None = None) -> Any:
     """Capture ``call_tool`` (and the sampling callback) of one 2.x ``mcp.Client`` or one
     ``ClientSession``; returns it (see the module docstring). ``agent``: the agent using it, where
     no framework says whose the call is. ``store``: kept for symmetry with the server (tool calls

@@ -25,13 +25,14 @@ from ...schema import utcnow
 from .. import openai as oa
 from ..crossprocess import propagation as prop
 from .records import error_text, input_required, result_text, tool_fields
+from ...seams import EpisodeSink
 
 
 class CaptureMiddleware:
     """MCP server middleware (``async (ctx, call_next)``) recording the ``tools/call`` requests it
     serves (see the module docstring); 1.x servers call it from the wrapped request handler."""
 
-    def __init__(self, agent: str, store: Any = None):
+    def __init__(self, agent: str, store: EpisodeSink | None = None):
         self.agent = agent
         self.store = store
         prop.CALLS.instrument(self)
@@ -126,7 +127,7 @@ def _low_level(server: Any) -> Any:
     return low if isinstance(getattr(low, "request_handlers", None), dict) else None
 
 
-def instrument_server(server: Any, store: Any = None, agent: str | None = None) -> Any:
+def instrument_server(server: Any, store: EpisodeSink | None = None, agent: str | None = None) -> Any:
     """Record the tool calls an MCP server serves; returns the server. ``agent`` defaults to its name."""
     name = agent or getattr(server, "name", None) or "mcp_server"
     if isinstance(getattr(server, "middleware", None), list):  # 2.x MCPServer

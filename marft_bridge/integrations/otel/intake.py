@@ -49,13 +49,14 @@ from ...capture_errors import guarded
 from .emit import SpanEmitter
 from .episode import dead_letter_record, raw_span, spans_to_episode
 from .spans import Span
+from ...seams import EpisodeSink
 
 
 # -- collecting traces ---------------------------------------------------------------------------
 
 
 class _Assembler:
-    def __init__(self, store: Any, source: str, max_traces: int, include_own: bool):
+    def __init__(self, store: EpisodeSink, source: str, max_traces: int, include_own: bool):
         self.store = store
         self.source = source
         self.max_traces = max_traces
@@ -122,7 +123,7 @@ def _make_classes():
     class EpisodeSpanProcessor(SpanProcessor):
         """A span processor that turns each finished trace into an Episode in ``store``."""
 
-        def __init__(self, store: Any = None, source: str = "otel", max_traces: int = 10_000,
+        def __init__(self, store: EpisodeSink | None = None, source: str = "otel", max_traces: int = 10_000,
                      include_own: bool = False):
             from ...capture.recording import resolve_store
 
@@ -143,7 +144,7 @@ def _make_classes():
     class EpisodeSpanExporter(SpanExporter):
         """A span exporter (for ``BatchSpanProcessor`` or an OTLP receiver) that writes Episodes."""
 
-        def __init__(self, store: Any = None, source: str = "otel", max_traces: int = 10_000,
+        def __init__(self, store: EpisodeSink | None = None, source: str = "otel", max_traces: int = 10_000,
                      include_own: bool = False):
             from ...capture.recording import resolve_store
 

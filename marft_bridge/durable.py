@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("marft_bridge.service.durable")
+log = logging.getLogger("marft_bridge.durable")
 
 COMPLETE = ".complete"  # marks a directory copy as finished
 
