@@ -6,7 +6,7 @@ adapter X is live right now"; this module is that reader, so integrations never 
 
 ``live_versions(registry)`` turns what a user passes as ``registry=`` (a root directory, an
 ``AdapterRegistry`` or anything with a ``root``, or any object with ``live_version(agent)``) into
-an object with ``live_version(agent) -> int | None``; a root gets one shared ``LiveVersions``
+an object with ``live_version(agent) -> int | None``; a root gets one shared ``RegistryStateReader``
 (its cache is per root, so several apps on one registry share it).
 """
 
@@ -47,7 +47,7 @@ def read_state_file(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-class LiveVersions:
+class RegistryStateReader:
     """The live version of each agent in one adapter registry, re-read only when its state file changes.
 
     Race: the capture reads the version when the request goes out. ``promote`` (and ``rollback``)
@@ -84,7 +84,7 @@ class LiveVersions:
     get = live_version  # the name this reader had before
 
 
-_BY_ROOT: dict[Path, LiveVersions] = {}
+_BY_ROOT: dict[Path, RegistryStateReader] = {}
 _LOCK = threading.Lock()
 
 
@@ -104,9 +104,12 @@ def live_versions(registry: seams.RegistryRef | None) -> seams.LiveVersions | No
     with _LOCK:
         hit = _BY_ROOT.get(key)
         if hit is None:
-            hit = _BY_ROOT[key] = LiveVersions(key)
+            hit = _BY_ROOT[key] = RegistryStateReader(key)
         return hit
 
 
-__all__ = ["AGENT_NAME", "STATE_FILE", "LiveVersions", "is_agent_name", "live_versions", "read_state_file",
+__all__ = ["AGENT_NAME", "STATE_FILE", "LiveVersions", "RegistryStateReader", "is_agent_name", "live_versions", "read_state_file",
            "state_path"]
+
+# The reader's name until 0.1: ``seams.LiveVersions`` is now the protocol it satisfies.
+LiveVersions = RegistryStateReader

@@ -258,7 +258,7 @@ class Episode(RecordModel):
 
         Rows and columns follow ``self.agents``. A dependency on an earlier step's action counts
         (the paper's D links the decisions that feed one another; LangGraph runs dependent agents
-        in consecutive supersteps). An agent's dependence on its own earlier actions sets D[i][i].
+        in consecutive supersteps). An agent's dependence on its own earlier actions sets ``D[i][i]``.
         """
         agents = self.agents
         ix = {n: i for i, n in enumerate(agents)}

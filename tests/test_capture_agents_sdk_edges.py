@@ -35,7 +35,7 @@ def _only_our_processor(monkeypatch):
 
 
 def _processors():
-    return openai_agents._processors()
+    return openai_agents.registered_processors()
 
 
 def run_one(srv, sqlite_store):

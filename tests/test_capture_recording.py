@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from marft_bridge.capture import recording as rec
+from marft_bridge.capture_errors import guarded
 
 
 def test_episode_records_actions_rewards_and_submits(sqlite_store):
@@ -98,7 +99,7 @@ def test_context_reaches_asyncio_tasks_and_wrapped_threads(sqlite_store):
 def test_guarded_counts_and_swallows(sqlite_store):
     rec.reset_capture_stats()
     with rec.episode(store=sqlite_store) as ep:
-        with rec.guarded("unit.test", ep):
+        with guarded("unit.test", ep):
             raise RuntimeError("capture bug")
     assert rec.capture_stats()["errors"] == 1 and ep.episode.metadata["capture_errors"] == 1
 

@@ -1,9 +1,10 @@
 """kill -9 of ``fit`` in the middle of an iteration, then ``resume``: the run continues from the last completed
 iteration and publishes exactly one version per agent per iteration.
 
-The reward function SIGKILLs its own process at a chosen call (a counter file shared by the runs), so the
-kill lands at a known phase: first after iteration 1 published (while its val tasks are played), then
-in the middle of iteration 2's rollouts. The server is owned by the test (``server=``), so a killed run
+The first kill lands between two publications of iteration 1 (the planner's v2 is published and live,
+the solver's v2 published but not yet loaded): the resume adopts both. The second comes from the reward
+function, which SIGKILLs its own process at a chosen call (a counter file shared by the runs): in the
+middle of iteration 2's rollouts, which the resume plays again. The server is owned by the test (``server=``), so a killed run
 leaves no process behind."""
 
 from __future__ import annotations
@@ -37,8 +38,21 @@ REWARD = textwrap.dedent("""
 """)
 
 DRIVER = textwrap.dedent("""
-    import json, sys
+    import json, os, signal, sys
     from marft_bridge.fitting import fit
+    from marft_bridge.serving.registry import AdapterRegistry
+
+    if os.environ.get("KILL_PUBLISH"):  # SIGKILL right after publishing this agent's version
+        agent, version = os.environ["KILL_PUBLISH"].split(":")
+        real = AdapterRegistry.publish
+
+        def publish(self, name, *a, **kw):
+            v = real(self, name, *a, **kw)
+            if (name, v) == (agent, int(version)):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return v
+
+        AdapterRegistry.publish = publish
 
     app, reward, base, out, val, url, key, resume = sys.argv[1:9]
     fit(app, "{tasks}", reward, base, ["planner", "solver"], out, val=val, iterations=2, tasks_per_iteration=2,
@@ -56,23 +70,27 @@ def test_sigkill_mid_iteration_then_resume_publishes_one_version_per_agent_per_i
     val.write_text("".join((QUICKSTART / "val.jsonl").read_text().splitlines(keepends=True)[:2]))
     out = tmp_path / "out"
     registry = AdapterRegistry(out / "registry")
-    # calls: iteration 0 val 1-2, iteration 1 train 3-6, its val 7-8 (killed at 7: after publishing v2);
-    # the resume replays iteration 1's val (8-9), then iteration 2's train 10-13 (killed at 11: mid-rollouts);
-    # the last run reruns iteration 2 from its start.
+    # reward calls: iteration 0 val 1-2, iteration 1 train 3-6 (then killed while publishing); the resume
+    # finishes iteration 1 (val 7-8) and plays iteration 2's train 9-12 (killed at 11: mid-rollouts); the
+    # last run plays iteration 2 again from its start (13-16, val 17-18).
     with ServerProcess(tiny_model_dir, registry, api_key="k") as server:
-        def run(kill_at: int, resume: bool) -> subprocess.CompletedProcess:
+        def run(kill_at: int, resume: bool, kill_publish: str = "") -> subprocess.CompletedProcess:
             env = {"COUNTER": str(tmp_path / "calls"), "KILL_AT": str(kill_at), "PYTHONPATH": str(tmp_path),
-                   "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+                   "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "KILL_PUBLISH": kill_publish}
             return subprocess.run([sys.executable, str(tmp_path / "driver.py"), f"{QUICKSTART / 'app.py'}:build_app",
                                    "reward_kill:score", str(tiny_model_dir), str(out), str(val), server.url, "k",
                                    "1" if resume else "0"], capture_output=True, text=True, timeout=600, env=env)
 
-        first = run(7, resume=False)
+        first = run(0, resume=False, kill_publish="solver:2")
         assert first.returncode == -9, first.stderr[-3000:]
-        assert registry.versions("planner") == [1, 2]  # iteration 1 had published when the kill came
+        # both v2 exist; the planner's is live, the solver's was never loaded
+        assert registry.versions("planner") == registry.versions("solver") == [1, 2]
+        assert (registry.current("planner"), registry.current("solver")) == (2, 1)
         second = run(11, resume=True)
         assert second.returncode == -9, second.stderr[-3000:]
-        assert "iteration 1 was interrupted while evaluating; adopting" in second.stdout
+        assert "iteration 1 was interrupted while publishing; adopting" in second.stdout
+        assert registry.versions("solver") == [1, 2] and registry.current("solver") == 2  # adopted, not again
+        calls = len((tmp_path / "calls").read_text().splitlines())  # 11, or 12 if a concurrent call beat the kill
         last = run(0, resume=True)
         assert last.returncode == 0, last.stderr[-3000:]
         assert "iteration 2 was interrupted while rollouts; nothing was published; it runs again" in last.stdout
@@ -84,4 +102,4 @@ def test_sigkill_mid_iteration_then_resume_publishes_one_version_per_agent_per_i
     assert [r["iteration"] for r in results["iterations"]] == [0, 1, 2]
     assert [r["versions"]["planner"] for r in results["iterations"]] == [1, 2, 3]
     assert not (out / "state" / "journal.json").exists()
-    assert len((tmp_path / "calls").read_text().splitlines()) == 17  # 11 before the last run, then 4 + 2
+    assert len((tmp_path / "calls").read_text().splitlines()) == calls + 4 + 2  # iteration 2 again: train, val

@@ -251,7 +251,7 @@ def _same(a: dict, b: dict) -> bool:
 
 def _rerollout_config(tmp_path, base) -> ServiceConfig:
     cfg = _config(tmp_path, base).model_copy(update={"agents": ["first", "second"]})
-    cfg.trainer["update_scheme"] = "rerollout"
+    cfg.trainer = cfg.trainer.model_copy(update={"update_scheme": "rerollout"})
     return cfg
 
 

@@ -4,7 +4,6 @@ and epoch, and a killed run resumed ends with the adapters an uninterrupted run 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -16,10 +15,10 @@ import pytest
 from safetensors.torch import load_file
 from test_sft import team
 
+from marft_bridge.cli import main as marft
 from marft_bridge.serving.adapter_files import find_adapter_dir
 from marft_bridge.trainers import supervised
 from marft_bridge.trainers.config import MarftConfig
-from marft_bridge.trainers.sft_cli import add_commands
 from marft_bridge.trainers.supervised import SftConfig, sft
 
 CFG = MarftConfig(device="cpu", lora_r=4, lora_alpha=8)
@@ -143,10 +142,8 @@ def test_resume_after_kill_9(tiny_model_dir, tmp_path):
 
 
 def test_cli_help_and_a_run(tiny_model_dir, tmp_path, capsys):
-    parser = argparse.ArgumentParser(prog="marft")
-    add_commands(parser.add_subparsers(dest="command"))
     with pytest.raises(SystemExit) as e:
-        parser.parse_args(["sft", "--help"])
+        marft(["sft", "--help"])
     assert e.value.code == 0
     text = capsys.readouterr().out
     for flag in ("--store", "--episodes", "--base-model", "--out", "--agents", "--min-reward", "--per-agent-reward",
@@ -154,11 +151,12 @@ def test_cli_help_and_a_run(tiny_model_dir, tmp_path, capsys):
         assert flag in text
     eps = tmp_path / "eps.jsonl"
     eps.write_text("".join(ep.to_json() + "\n" for ep in episodes(4)) + '{"not": "an episode"}\n')
-    args = parser.parse_args(["sft", "--episodes", str(eps), "--base-model", str(tiny_model_dir), "--out",
-                              str(tmp_path / "out"), "--epochs", "1", "--agents", "solver", "--min-reward", "0.5",
-                              "--device", "cpu", "--no-progress"])
-    assert args.func(args) == 0
+    common = ["sft", "--episodes", str(eps), "--base-model", str(tiny_model_dir), "--device", "cpu", "--no-progress"]
+    assert marft(common + ["--out", str(tmp_path / "out"), "--epochs", "1", "--agents", "solver",
+                           "--min-reward", "0.5"]) == 0
     err = capsys.readouterr().err
     assert "1 bad records skipped" in err and "solver epoch 1: train loss" in err
     assert "--keys solver/train_loss,solver/val_loss" in err
     assert sorted(p.name for p in (tmp_path / "out" / "adapters").iterdir() if p.is_dir()) == ["solver"]
+    assert marft(common + ["--out", str(tmp_path / "o2"), "--agents", "critic"]) == 1
+    assert "marft: error: unknown agent or adapter 'critic'" in capsys.readouterr().err

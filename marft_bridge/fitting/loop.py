@@ -133,9 +133,10 @@ class _Fit:
         self.served = s.served_names()
         self.loop = asyncio.new_event_loop()
         try:
+            serving = Serving(s.base_model, self.registry, server=s.server, api_key=s.api_key,
+                              api_key_env=s.api_key_env, publisher=s.publisher)  # bad options: refused first
             self.step = TrainStep(_trainer(s), self.store)
-            with Serving(s.base_model, self.registry, server=s.server, api_key=s.api_key, api_key_env=s.api_key_env,
-                         publisher=s.publisher) as srv, report.Progress(self.console, s.progress) as bar:
+            with serving as srv, report.Progress(self.console, s.progress) as bar:
                 self.publisher, self.bar = srv.publisher, bar
                 self.app = prepare_app(self.factory(Endpoint(srv.url, srv.api_key, self.served)),
                                        self.store)

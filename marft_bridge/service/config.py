@@ -22,6 +22,22 @@ class PublisherConfig(BaseModel):
     api_key_env: str | None = "MARFT_API_KEY"  # the key is read from this variable, never stored
 
 
+class CanaryConfig(BaseModel):
+    """``canary:`` — serve each gated release to a share of live episodes first, and promote or roll
+    back the whole team on a sequential test of live reward (``service.canary``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fraction: float = Field(0.1, gt=0, lt=1)  # the share of episodes (by a hash of the id) the canary serves
+    min_episodes: int = Field(200, ge=2)  # rewarded canary episodes before any decision
+    max_hours: float = Field(24.0, gt=0)  # undecided by then: rolled back (the stable release stays)
+    metric: Literal["reward"] = "reward"  # the episode's team reward
+    margin: float = Field(0.0, ge=0)  # promote when the canary is not worse than stable by more than this
+    test: Literal["sequential"] = "sequential"  # always-valid (mixture SPRT): a look at every poll is allowed
+    alpha: float = Field(0.05, gt=0, lt=1)  # the test's error rate
+    effect: float = Field(0.1, gt=0)  # tau, the reward difference the test is tuned to detect fastest
+
+
 class ServiceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -44,6 +60,8 @@ class ServiceConfig(BaseModel):
     gate_margin: float = Field(0.0, ge=0)
     rollback_window: int = Field(32, ge=1)
     rollback_margin: float = Field(0.05, ge=0)
+    canary: CanaryConfig | None = None  # None: a gated release is promoted at once (then watched)
+    drift_margin: float = Field(0.1, ge=0)  # status flags a release whose live reward < gate score - this
     # MarftConfig: a bad trainer option fails at load, naming the field
     trainer: MarftConfig = Field(default_factory=MarftConfig)
 
@@ -93,3 +111,6 @@ class ServiceState(BaseModel):
     watch: dict[str, Any] | None = None  # {"versions": {agent: v}, "previous": {agent: v}}
     order: list[str] = Field(default_factory=list)  # update_scheme rerollout: this cycle's update order
     stage: int = 0  # ... and the place in it of the agent the next round trains
+    # A running canary: {"release", "stable", "started", "rewards": {"canary": {id: r}, "stable": {id: r}}}
+    canary: dict[str, Any] | None = None
+    live: dict[str, dict[str, float]] = Field(default_factory=dict)  # release -> {episode id: team reward} (drift)

@@ -30,6 +30,10 @@ until the new one is whole). The restart logs a ``resume`` decision saying what 
 With ``trainer: {update_scheme: rerollout}`` a round trains, gates and publishes one agent, the next in
 the cycle's update order, on episodes every live version played (stale ones, served by a replaced
 version, are dropped and counted): fresh rollouts between agents' updates, so M = 1 on its samples.
+
+Every promotion is a team release (``serving.releases``: the set {agent: version}); a regression rolls
+the whole team back to the previous release. With ``canary:`` a gated round's release first serves a
+share of live episodes (``service.canary``: promoted or rolled back on an always-valid test of live reward).
 """
 
 from __future__ import annotations
@@ -88,6 +92,10 @@ class ContinuousService:
         self._recovery_done = False
         self.state = self._load_state()
         self._trainer = None
+        from .releasing import TeamReleases
+
+        self.team = TeamReleases(config, self.registry, self.publishers, self.state, save=self._save_state,
+                                 log=self.decide, accept=self._accept_canary, restore=self._restore_accepted)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -120,6 +128,7 @@ class ContinuousService:
         whole copy (reported in the resume decision). Not in __init__: ``status`` must change nothing."""
         if not self._recovery_done:
             self._recovered = durable.recover_dir(self.dir / "accepted")
+            self._recovered = self.team.store.recover(self.publishers) or self._recovered  # a team swap a kill cut
             self._recovery_done = True
 
     @property
@@ -141,15 +150,17 @@ class ContinuousService:
         """Move the cursor over the change log; return how many rewarded episodes are pending."""
         cursor, ids = self.store.changed_since(self.state.cursor)
         known = set(self.state.pending) | set(self.state.heldout)
+        self.team.begin_poll()
         for eid in ids:
             try:
-                ep = self.store.get_episode(eid)
+                ep = self.store.get_episode(eid, exact=True)
             except KeyError:  # gone, or unreadable (the store moved it to its dead letters): not trainable
                 continue
             if not ep.rewards or (self.config.source and ep.source != self.config.source):
                 continue
             if self.state.watch:
                 self._watch(ep)
+            self.team.file(ep)
             if eid in known:
                 continue
             (self.state.heldout if heldout(eid, self.config.heldout_fraction) else self.state.pending).append(eid)
@@ -178,6 +189,8 @@ class ContinuousService:
             if finished is not None:
                 return finished
         n = self.poll()
+        if self.team.running():
+            return self.team.canary.check()  # one canary at a time: no training until it is decided
         if self.state.watch:
             rolled = self._check_regression()
             if rolled:
@@ -206,8 +219,9 @@ class ContinuousService:
     def _publish_baseline(self, journal: dict) -> None:
         versions = self.promote(self.dir / "baseline", metrics={}, agents=journal["agents"],
                                 round_id=journal["id"], sha256=journal["sha256"])
+        rel = self.team.adopt(journal["id"], None, None)
         self.decide("baseline", "published the untrained adapters as the first live version", versions=versions,
-                    round_id=journal["id"])
+                    round_id=journal["id"], release=rel.id)
         self._end_journal()
 
     def run(self, max_rounds: int | None = None, stop: Callable[[], bool] | None = None) -> None:
@@ -252,7 +266,7 @@ class ContinuousService:
         cfg = self.config
         trainer = self.trainer
         ids = self.state.pending[-cfg.max_train_episodes:]
-        episodes = [self.store.get_episode(i) for i in ids]
+        episodes = [self.store.get_episode(i, exact=True) for i in ids]
         agents, stage, extra = list(cfg.agents), None, {}
         if self._rerollout():  # fresh rollouts between agents' updates: one agent per round
             episodes, stale = self._fresh(episodes)
@@ -303,6 +317,8 @@ class ContinuousService:
         """Publish (adopting what this round already published), replace the accepted checkpoint, start
         watching, log the promotion. Idempotent: a restart after a kill anywhere in it runs it again."""
         cfg, summary = self.config, journal["summary"]
+        if self.team.canary is not None:
+            return self._start_canary(journal)
         candidate = self.dir / "candidate"
         versions = self.promote(candidate / "adapters", metrics={"eval_score": summary["candidate_score"]},
                                 agents=journal["agents"], round_id=journal["id"], sha256=journal["sha256"])
@@ -314,13 +330,38 @@ class ContinuousService:
         self._next_stage(journal)
         self.state.watch = {"versions": versions, "previous": journal["previous"]}
         for eid in journal["episodes"]:  # the baseline: what the previous versions earned on the training episodes
-            self._watch(self.store.get_episode(eid))
+            self._watch(self.store.get_episode(eid, exact=True))
         self._save_state()
+        rel = self.team.adopt(journal["id"], journal["round"], summary)
         row = self.decide("promote", f"candidate scored {summary['candidate_score']:.4f} >= live "
                           f"{summary['live_score']:.4f} - margin {cfg.gate_margin}", versions=versions,
+                          round_id=journal["id"], release=rel.id, **summary)
+        self._end_journal()
+        return row
+
+    def _start_canary(self, journal: dict) -> dict:
+        """Publish the gated candidate without serving it, make it a release and canary it (idempotent)."""
+        summary = journal["summary"]
+        versions = self._publish(self.dir / "candidate" / "adapters", {"eval_score": summary["candidate_score"]},
+                                 journal["agents"], journal["id"], journal["sha256"])
+        rel = self.team.start_canary(versions, journal)
+        self.state.pending = []
+        self._next_stage(journal)
+        self._save_state()
+        row = self.decide("canary", f"candidate scored {summary['candidate_score']:.4f} >= live "
+                          f"{summary['live_score']:.4f} - margin {self.config.gate_margin}; release {rel.id} serves "
+                          f"{self.config.canary.fraction:.0%} of episodes", versions=rel.versions, release=rel.id,
                           round_id=journal["id"], **summary)
         self._end_journal()
         return row
+
+    def _accept_canary(self, release) -> None:
+        """The canary was promoted: its trained state becomes the accepted checkpoint (idempotent)."""
+        checkpoint = self.dir / "candidate" / "checkpoint"
+        if checkpoint.is_dir():
+            durable.replace_dir(checkpoint, self.dir / "accepted")
+        self._trainer = None  # reloaded from the accepted checkpoint on next use
+        self.trainer.policy_versions.update(release.versions)
 
     def _resume(self, journal: dict) -> dict | None:
         """A restart found the journal of a round a kill interrupted: finish it or let it rerun, and say so."""
@@ -346,13 +387,12 @@ class ContinuousService:
             return None
         return self._finish_round(journal)
 
-    def promote(self, adapters_dir: Path, metrics: dict, agents: list[str] | None = None, *,
-                round_id: str | None = None, sha256: dict[str, str] | None = None) -> dict[str, int]:
-        """Publish each agent's adapter as a new registry version and load it into every server. With a
-        ``round_id``, a version that round already published (a restart after a kill) is adopted instead
-        of published again."""
+    def _publish(self, adapters_dir: Path, metrics: dict, agents: list[str], round_id: str | None,
+                 sha256: dict[str, str] | None) -> dict[str, int]:
+        """Publish each agent's adapter as a new registry version (not served yet). With a ``round_id``, a
+        version that round already published (a restart after a kill) is adopted instead."""
         versions = {}
-        for agent in agents or self.config.agents:
+        for agent in agents:
             v = self.registry.version_of_round(agent, round_id) if round_id else None
             if v is not None and sha256 and self.registry.manifest(agent, v).sha256 != sha256.get(agent):
                 raise MarftError(f"registry {agent} v{v} carries round {round_id} but not its adapter (sha256 "
@@ -360,7 +400,14 @@ class ContinuousService:
             if v is None:
                 v = self.registry.publish(agent, adapters_dir / agent, metrics=metrics, round_id=round_id,
                                           config=self.trainer.config.model_dump(mode="json"))
-            versions[agent] = v if self.registry.current(agent) == v else self._serve(agent, v)
+            versions[agent] = v
+        return versions
+
+    def promote(self, adapters_dir: Path, metrics: dict, agents: list[str] | None = None, *,
+                round_id: str | None = None, sha256: dict[str, str] | None = None) -> dict[str, int]:
+        """Publish each agent's adapter (``_publish``) and load it into every server."""
+        published = self._publish(adapters_dir, metrics, agents or self.config.agents, round_id, sha256)
+        versions = {a: v if self.registry.current(a) == v else self._serve(a, v) for a, v in published.items()}
         # the trainer's versions are the registry's: max_version_lag and logprob_gap compare with them
         self.trainer.policy_versions.update(versions)
         return versions
@@ -393,7 +440,7 @@ class ContinuousService:
         """Held-out recorded episodes (served by the live versions): their mean team reward estimates
         the live system; the candidate (the trainer's adapters now) is estimated off-policy by
         weighted importance sampling, w = exp(sum log pi_candidate - sum behaviour log-prob)."""
-        episodes = [ep for ep in (self.store.get_episode(i) for i in self.state.heldout) if ep.team_reward() is not None]
+        episodes = [ep for ep in (self.store.get_episode(i, exact=True) for i in self.state.heldout) if ep.team_reward() is not None]
         if not episodes:
             raise MarftError("no evaluation function and no held-out recorded episodes yet; set eval_function "
                              "or heldout_fraction > 0")
@@ -420,7 +467,8 @@ class ContinuousService:
                               f"before", versions=new_v)
             self._save_state()
             return None
-        rolled = {agent: self._serve(agent) for agent in old_v}
+        rolled = self.team.rollback(f"live reward {new_mean:.4f} fell below {old_mean:.4f}")
+        rolled = {a: rolled[a] for a in old_v} if rolled else {agent: self._serve(agent) for agent in old_v}
         row = self.decide("rollback", f"live reward {new_mean:.4f} on {len(new_r)} episodes fell below "
                           f"{old_mean:.4f} - margin {self.config.rollback_margin}", versions=rolled)
         self._save_state()
@@ -428,10 +476,10 @@ class ContinuousService:
 
     def status(self) -> dict:
         decisions = durable.read_json_lines(self.dir / DECISIONS_FILE)
-        return {"state": self.state.model_dump(), "versions": {a: self.registry.current(a) for a in self.config.agents},
+        return {"state": self.state.model_dump(exclude={"live"}), "versions": {a: self.registry.current(a) for a in self.config.agents},
                 "interrupted_round": self._journal(),  # a round a kill stopped; the next start finishes or reruns it
                 "resumes": [d for d in decisions if d.get("decision") == "resume"][-10:],
-                "recent_decisions": decisions[-10:]}
+                "recent_decisions": decisions[-10:], **self.team.status()}
 
 
 def _now() -> str:

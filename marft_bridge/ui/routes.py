@@ -104,7 +104,7 @@ def action(episode_id: str, action_id: str, request: Request):
 @router.get("/api/episodes/{episode_id}/export")
 def export(episode_id: str, request: Request):
     ep = _ctx(request).index.episode(episode_id)
-    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in episode_id)[:80]
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in ep.id)[:80]
     return Response(ep.to_json(), media_type="application/json",
                     headers={"Content-Disposition": f'attachment; filename="episode-{safe}.json"'})
 

@@ -32,6 +32,7 @@ _PUSH = "__pregel_push"
 _TASKS = "__pregel_tasks"
 # The value an entrypoint saved on its thread (functional API): every task is handed it.
 _PREVIOUS = "__previous__"
+_PACKET_ITEMS = 64  # a longer list in a Send packet is data the sender built, not a wrapper
 # Config key that marks an instrumented run; "__" keeps it out of checkpoint metadata.
 MARK = "__marft_capture"
 
@@ -47,7 +48,8 @@ def supported(v: tuple[int, ...] | None = None) -> bool:
 class _LoopState:
     """Provenance of one Pregel loop's channels (a root graph or a subgraph)."""
 
-    __slots__ = ("loop", "run", "parent", "prov", "sends", "seen", "resumed", "bubbled", "key_prov", "snapshots")
+    __slots__ = ("loop", "run", "parent", "prov", "sends", "seen", "resumed", "bubbled", "key_prov", "snapshots",
+                 "start", "answer")
 
     def __init__(self, loop: Any, run: Any, parent: Task | None):
         self.loop = loop
@@ -63,14 +65,27 @@ class _LoopState:
         self.bubbled: frozenset[str] = pv.EMPTY
         # On a checkpointed thread of an episode: checkpoint id -> (provenance, channel versions) there.
         self.snapshots: dict[str, tuple[dict, dict]] | None = None
+        # What its first step reads: its parent task's inputs, or for a graph run inside a tool's body
+        # (an agent as a tool) what that tool step read (``tools.ran_graph``).
+        self.start: frozenset[str] | None = parent.deps if parent is not None else None
+        self.answer: frozenset[str] | None = None  # see ``answer_provenance``
 
     def output_provenance(self) -> frozenset[str]:
-        keys = self.loop.output_keys
-        keys = [keys] if isinstance(keys, str) else keys
-        return pv.inputs(self.prov, keys) | self.bubbled
+        return pv.inputs(self.prov, _output_keys(self.loop)) | self.bubbled
+
+    def answer_provenance(self) -> frozenset[str]:
+        """What a caller that takes the graph's answer reads (an agent run inside a tool): the tasks
+        of the last step that wrote its output, and a handoff it ended in; its whole output when
+        none did."""
+        return (self.answer | self.bubbled) if self.answer is not None else self.output_provenance()
 
     def accumulates(self, ch: str) -> bool:
         return kinds.accumulates(self.loop.channels.get(ch))
+
+
+def _output_keys(loop: Any) -> list[str]:
+    keys = loop.output_keys
+    return [keys] if isinstance(keys, str) else list(keys)
 
 
 def _key_provenance(parent: Task, sub_input: Any) -> dict[str, frozenset[str]] | None:
@@ -91,11 +106,20 @@ def _key_provenance(parent: Task, sub_input: Any) -> dict[str, frozenset[str]] |
 def _packet_provenance(st: _LoopState, packet: Any, values: dict[str, Any]) -> frozenset[str]:
     """What a ``Send``'s packet carries besides its sender's decision: the provenance of each value
     in it that a channel holds (``values``: the channels' values; by identity — a value the sender
-    computed is its own output). A value that is itself a mapping (``create_agent`` sends each tool
-    call with the graph state: ``ToolCallWithContext.state``) carries its values' provenance too."""
-    items = list(packet.values()) if isinstance(packet, Mapping) else [packet]
-    nested = [x for v in items if isinstance(v, Mapping) for x in v.values()]
-    return pv.EMPTY.union(*(pv.value_provenance(v, values, st.prov, pv.EMPTY) for v in [*items, *nested]))
+    computed is its own output), looked for a few containers deep: ``create_agent`` sends each tool
+    call as ``[ToolCallWithContext(tool_call=..., state=<the graph state>)]``, and a tool handed that
+    state (``ToolRuntime``) reads those values."""
+    out, todo = pv.EMPTY, [(packet, 0)]
+    while todo:
+        v, depth = todo.pop()
+        hit = pv.value_provenance(v, values, st.prov, None)
+        if hit is not None:
+            out |= hit
+        elif depth < 3 and isinstance(v, Mapping):
+            todo.extend((x, depth + 1) for x in v.values())
+        elif depth < 3 and isinstance(v, (list, tuple)) and len(v) <= _PACKET_ITEMS:
+            todo.extend((x, depth + 1) for x in v)
+    return out
 
 
 def _attach(h: CaptureHandler, loop: Any) -> _LoopState | None:
@@ -103,7 +127,8 @@ def _attach(h: CaptureHandler, loop: Any) -> _LoopState | None:
     parent = h.state.tasks.get(task_id(ns)) if ns else None
     if parent is not None:
         st = _LoopState(loop, parent.run, parent)
-        parent.children.append(st)
+        if not tools.ran_graph(h.state, parent, st):  # one a tool ran hands its answer to that tool step only
+            parent.children.append(st)
     elif h.run is None:  # capture(): every root graph run is a run of its own
         run = h.new_run(loop.input)
         st = _LoopState(loop, run, None)
@@ -141,13 +166,16 @@ def _state(loop: Any) -> _LoopState | None:
 def _new_task(st: _LoopState, task: Any, deps: frozenset[str], internal: bool) -> Task:
     loop, run, parent = st.loop, st.run, st.parent
     meta = task.config.get("metadata") or {}
-    name = str(meta.get("agent_name") or task.name)
+    graph = meta.get("lc_agent_name")
+    agent = pv.agent_path(parent, graph, str(meta.get("agent_name") or task.name))
     if parent is not None:
-        agent, step, lg_steps = f"{parent.agent}/{name}", parent.step, [*parent.lg_steps, loop.step]
+        step, lg_steps = parent.step, [*parent.lg_steps, loop.step]
     else:
-        agent, step, lg_steps = name, (run.base or 0) + loop.step, [loop.step]
-    return Task(task.id, run, agent, task.name, step, lg_steps, meta.get("langgraph_checkpoint_ns") or task.id,
-                deps, internal)
+        step, lg_steps = (run.base or 0) + loop.step, [loop.step]
+    t = Task(task.id, run, agent, task.name, step, lg_steps, meta.get("langgraph_checkpoint_ns") or task.id,
+             deps, internal)
+    t.graph_name = graph if isinstance(graph, str) else None
+    return t
 
 
 def _register_tasks(st: _LoopState) -> None:
@@ -167,7 +195,7 @@ def _register_tasks(st: _LoopState) -> None:
             if kp is not None:  # what the subgraph's input schema keeps (its start task writes them)
                 deps = pv.EMPTY.union(*(p for k, p in kp.items() if k in loop.channels))
             else:
-                deps = parent.deps if parent is not None else pv.EMPTY
+                deps = st.start if st.start is not None else pv.EMPTY
         elif task.path and task.path[0] == _PUSH:
             sent = st.sends.get(id(task.input))
             if sent is not None and sent[0].arg is task.input:
@@ -178,18 +206,31 @@ def _register_tasks(st: _LoopState) -> None:
                 deps = pv.EMPTY.union(*(p for _, p in st.sends.values()))
             reads = (st, task.input, None)
         else:
-            node = loop.nodes.get(task.name)
-            chans = getattr(node, "channels", None) or []
-            chans = [chans] if isinstance(chans, str) else list(chans)
+            chans = _node_channels(loop.nodes.get(task.name))
             deps = pv.inputs(st.prov, (*chans, *task.triggers, _PREVIOUS))
             reads = (st, task.input, chans)
         t = st.run.state.tasks[task.id] = _new_task(st, task, deps, internal)
         t.reads = reads
         if not internal:
-            t.state_tools = tools.state_readers(getattr(loop.nodes.get(task.name), "bound", None))
+            _state_tools(st, t, task)
         if resumed is not None and task.writes:
             t.actions.extend(resumed[1])  # it had finished: its saved writes come back, it does not run again
         st.run.task_ids.append(task.id)
+
+
+def _node_channels(node: Any) -> list[str]:
+    chans = getattr(node, "channels", None) or []
+    return [chans] if isinstance(chans, str) else list(chans)
+
+
+def _state_tools(st: _LoopState, t: Task, task: Any) -> None:
+    """A tool node's tools handed graph state, and what that state carries: a node run by a ``Send``
+    of bare tool calls (``create_agent``) reads the channels an edge would hand it
+    (``ToolNode._extract_state``), the sender's decision besides."""
+    node = st.loop.nodes.get(task.name)
+    t.state_tools = tools.state_readers(getattr(node, "bound", None))
+    if t.state_tools and task.path and task.path[0] == _PUSH:
+        t.state_deps = t.deps | pv.inputs(st.prov, _node_channels(node))
 
 
 def _apply_writes(st: _LoopState) -> None:
@@ -197,14 +238,18 @@ def _apply_writes(st: _LoopState) -> None:
     st.sends = {}
     tasks = st.run.state.tasks
     step: list[tuple[frozenset[str], list[str]]] = []
+    keys, answer = set(_output_keys(loop)), []
     for task in loop.tasks.values():
         t = tasks.get(task.id)
         if t is None:
             continue
-        out = pv.task_output(t)
+        out = _cached(st, task, t)
         if out is None:
-            record_env(t, task.writes)
-            out = frozenset(t.actions)
+            out = pv.task_output(t)
+            if out is None:
+                record_env(t, task.writes)
+                out = frozenset(t.actions)
+            _fill_cache(st, task, out)
         chans = []
         for ch, val in task.writes:
             if ch == _TASKS:
@@ -214,14 +259,39 @@ def _apply_writes(st: _LoopState) -> None:
                 chans.append(ch)
         if t.internal and st.key_prov is not None:
             step.extend(pv.subgraph_writes(st.key_prov, chans))
+        elif t.handed:  # a tool node: each value it writes carries the tool step that returned it
+            step.extend((pv.written(t, val, out), [ch]) for ch, val in task.writes if ch != _TASKS)
         elif t.children and not t.pushed:  # it ran subgraphs: each value it hands on, from where it was
             held = _held_values(t.children)
             step.extend((_returned_provenance(held, val, out), [ch]) for ch, val in task.writes if ch != _TASKS)
-        elif t.handed:  # a tool node: each value it writes carries the tool step that returned it
-            step.extend((pv.written(t, val, out), [ch]) for ch, val in task.writes if ch != _TASKS)
         else:
             step.append((out, chans))
+        if not t.internal and not keys.isdisjoint(chans):
+            answer.append(out)
     pv.apply_writes(st.prov, step, st.accumulates)
+    if answer:  # the graph's answer so far: the tasks of its latest step that wrote its output
+        st.answer = pv.EMPTY.union(*answer)
+
+
+def _cache_key(task: Any) -> tuple | None:
+    key = getattr(task, "cache_key", None)
+    return (tuple(key.ns), key.key) if key is not None else None
+
+
+def _cached(st: _LoopState, task: Any, t: Task) -> frozenset[str] | None:
+    """A node cache hit (``CachePolicy``: LangGraph hands back the writes a run saved, the node does
+    not run): what those writes carried when a run of this episode filled the cache. None: not a
+    hit this episode saw filled."""
+    key = _cache_key(task)
+    if key is None or t.calls or t.actions or t.children or t.pushed:
+        return None
+    return st.run.cache.get(key)
+
+
+def _fill_cache(st: _LoopState, task: Any, out: frozenset[str]) -> None:
+    key = _cache_key(task)
+    if key is not None:
+        st.run.cache[key] = out
 
 
 def _held_values(children: list[_LoopState]) -> list[tuple[dict[str, Any], dict[str, frozenset[str]]]]:

@@ -31,7 +31,8 @@ class Task:
     """One task of a captured run: agent, step, inputs' provenance and the actions it recorded."""
 
     __slots__ = ("id", "run", "agent", "node", "step", "lg_steps", "ns", "deps", "actions", "children", "internal",
-                 "calls", "started", "pushed", "pusher", "received", "reads", "attempt", "handed", "state_tools")
+                 "calls", "started", "pushed", "pusher", "received", "reads", "attempt", "handed", "state_tools",
+                 "state_deps", "graph_name")
 
     def __init__(self, id: str, run: Any, agent: str, node: str, step: int | None, lg_steps: list[int], ns: str,
                  deps: frozenset[str], internal: bool = False):
@@ -60,6 +61,21 @@ class Task:
         self.handed: dict[int, tuple[Any, frozenset[str]]] | None = None
         # The tools of its node (a tool node) that are handed graph state (``tools.state_readers``).
         self.state_tools: frozenset[str] = EMPTY
+        # What those tools read: the state its node is handed. None: its inputs (``deps``); a node run
+        # by a ``Send`` of tool calls (``create_agent``) is handed the graph's channels besides the packet.
+        self.state_deps: frozenset[str] | None = None
+        self.graph_name: str | None = None  # the name of the agent graph it runs in (``agent_path``)
+
+
+def agent_path(parent: Task | None, graph_name: Any, node: str) -> str:
+    """An agent's name (the naming rule, most specific first): ``node`` is the node's own
+    ``metadata["agent_name"]`` or the node's name; a graph that carries its own agent name
+    (``create_agent(name=...)``: ``lc_agent_name`` in its run metadata) different from the graph
+    around it starts the path, ``<name>/<node>``, wherever it runs (the root, a subgraph node, inside a
+    tool); else the path of the enclosing nodes, ``team/researcher``."""
+    if graph_name and graph_name != (parent.graph_name if parent is not None else None):
+        return f"{graph_name}/{node}"
+    return f"{parent.agent}/{node}" if parent is not None else node
 
 
 def seen(t: Task) -> frozenset[str]:

@@ -20,7 +20,7 @@ from ...capture import episode_context
 from ...capture_errors import guarded
 from ...seams import EpisodeSink, RegistryRef
 from ...capture.recording import EpisodeRecorder
-from .provenance import EMPTY, Task, public_deps, seen
+from .provenance import EMPTY, Task, agent_path, public_deps, seen
 
 # Write channels of LangGraph's own (the functional API's task result and error).
 ERROR, RETURN = "__error__", "__return__"
@@ -42,7 +42,7 @@ class _Scope:
     calls its model calls asked for (a tool interrupted in one run runs again in the next) and
     what its runs put in LangGraph's long-term store."""
 
-    __slots__ = ("lock", "order", "threads", "calls", "memory")
+    __slots__ = ("lock", "order", "threads", "calls", "memory", "cache")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -50,17 +50,20 @@ class _Scope:
         self.threads: dict[tuple[str, str], Any] = {}
         self.calls = ToolCalls()
         self.memory: dict[tuple[tuple, str], frozenset[str]] = {}  # long-term store keys (memory.py)
+        self.cache: dict[tuple, frozenset[str]] = {}  # node cache key -> what the writes it filled carried
 
 
 class ToolCalls:
     """The tool calls model calls asked for and which were answered (see ``tools.py``)."""
 
-    __slots__ = ("owners", "answered_calls")
+    __slots__ = ("owners", "answered_calls", "failed")
 
     def __init__(self) -> None:
         # tool_call_id (and name+arguments, and name alone) -> (model call id, agent, tool_call_id, arguments)
         self.owners: dict[str, tuple[str, str, str | None, str | None]] = {}
         self.answered_calls: set[tuple[str, str | None]] = set()  # (model call id, tool_call_id) answered
+        # (model call id, tool_call_id) -> the failed tool step that answered it last: a retry replaces it
+        self.failed: dict[tuple[str, str | None], str] = {}
 
 
 def scope(rec: EpisodeRecorder) -> _Scope:
@@ -90,6 +93,7 @@ class _Run:
         # Tool calls asked for: per episode, so a run resumed after an interrupt finds their owners.
         self.calls = self.scope.calls if self.scope else ToolCalls()
         self.memory: dict[tuple[tuple, str], frozenset[str]] = self.scope.memory if self.scope else {}
+        self.cache: dict[tuple, frozenset[str]] = self.scope.cache if self.scope else {}
         self.finished = False
 
     def sorted_ids(self, ids: Any) -> list[str]:
@@ -217,14 +221,20 @@ def _public_task(run: _Run, ns: str, meta: dict[str, Any]) -> Task:
         if t is not None:
             return t
         names = [seg.partition(":")[0] for seg in ns.split("|")]
-        names[-1] = str(meta.get("agent_name") or meta.get("langgraph_node") or names[-1])
+        node = str(meta.get("agent_name") or meta.get("langgraph_node") or names[-1])
+        outer = run.public.get(ns.rpartition("|")[0]) if len(names) > 1 else None
+        graph = meta.get("lc_agent_name") if isinstance(meta.get("lc_agent_name"), str) else None
         if run.base is None:
             run.base = run.recorder.max_step() or 0
         root = run.public.get(ns.split("|", 1)[0]) if len(names) > 1 else None
         lg_step = meta.get("langgraph_step")
         step = root.step if root is not None else (run.base + lg_step if isinstance(lg_step, int) else None)
-        t = Task(ns, run, "/".join(names), str(meta.get("langgraph_node") or names[-1]), step,
+        # The naming rule (``agent_path``); an enclosing task that made no call is known by its path only.
+        agent = agent_path(outer, graph, node) if outer is not None or len(names) == 1 else \
+            agent_path(None, graph, "/".join([*names[:-1], node]))
+        t = Task(ns, run, agent, str(meta.get("langgraph_node") or names[-1]), step,
                  [lg_step] if isinstance(lg_step, int) else [], ns, EMPTY)
+        t.graph_name = graph
         run.public[ns] = t
         return t
 

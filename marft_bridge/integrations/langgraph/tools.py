@@ -43,7 +43,7 @@ class _ToolRun:
     """A tool execution in flight; as ``episode_context.ToolStep``, what an MCP call made inside it enriches."""
 
     __slots__ = ("task", "name", "args", "call_id", "owner", "deps", "started", "t0", "_id", "extra", "waiting",
-                 "inner")
+                 "inner", "graphs")
 
     def __init__(self, task: Task, name: str, args: Any, call_id: str | None, owner: tuple | None,
                  deps: frozenset[str]):
@@ -54,6 +54,7 @@ class _ToolRun:
         self.extra: dict[str, Any] | None = None
         self.waiting: list[Callable[[bool], None]] | None = None
         self.inner: frozenset[str] = frozenset()  # model calls made inside it: its result came from them
+        self.graphs: list[Any] = []  # loop states of graphs run inside it (an agent as a tool)
 
     @property
     def action_id(self) -> str:
@@ -91,6 +92,19 @@ class _ToolRun:
         for fn in waiting:
             with guarded("langgraph.tool_step", self.task.run.recorder):
                 fn(recorded)
+
+
+def ran_graph(state: Any, parent: Task, loop_state: Any) -> bool:
+    """Whether a graph starting inside ``parent`` (precision tier) runs in a tool's body (an agent
+    invoked by a tool, deepagents' ``task``): then its first step reads what the tool step read (the
+    call that asked for it), and the step depends on the graph's answer (``end``)."""
+    tr = current_tool_run(state)
+    if tr is None or tr.task is not parent:
+        return False
+    with parent.run.lock:
+        tr.graphs.append(loop_state)
+        loop_state.start = tr.deps
+    return True
 
 
 def note_calls(run: Any, action_id: str, agent: str, calls: list[dict] | None) -> None:
@@ -137,6 +151,10 @@ def start(task: Task, run_id: UUID, name: str, args: Any, call_id: str | None, a
     with run.lock:
         run.new_attempt(task, attempt)
         task.calls += 1
+        if owner is not None:  # a retry (ToolRetryMiddleware) of a failed attempt: that error reached no one
+            failed = run.calls.failed.pop((owner[0], call_id), None)
+            if failed in task.actions:
+                task.actions.remove(failed)
         # A tool step depends on the model call that asked for it: its arguments are what it reads
         # (a ToolNode reading the whole message list reads no more of it). A tool called by hand in
         # a node depends on what the node had seen; a tool call whose asking call this episode does
@@ -147,7 +165,8 @@ def start(task: Task, run_id: UUID, name: str, args: Any, call_id: str | None, a
         if asked is not None:
             deps |= run.deps_of(task)
         elif owner is not None and name in task.state_tools:
-            deps |= task.deps  # the state it was handed: its node's inputs (not its siblings' results)
+            # the state it was handed: its node's inputs (not its siblings' results)
+            deps |= task.deps if task.state_deps is None else task.state_deps
     state = run.state
     tr = _ToolRun(task, name, args, call_id, owner, deps)
     if asked is not None:
@@ -260,6 +279,10 @@ def end(state: Any, run_id: UUID, output: Any = None, error: BaseException | Non
             return
         if error is not None and _bubbles(error):
             return  # interrupt(): the tool runs again on resume
+        if tr.graphs:  # what the agents run inside it answered: its result came from them
+            with run.lock:
+                handed = EMPTY.union(*(g.answer_provenance() for g in tr.graphs))
+                tr.deps, tr.inner = tr.deps | handed, tr.inner | handed
         text, extra = ("", {}) if error is not None else _result(output, tr.call_id)
         args_json = convert.arguments_json(tr.args)
         call = {"id": tr.call_id, "type": "function", "function": {"name": tr.name, "arguments": args_json}}
@@ -279,6 +302,8 @@ def end(state: Any, run_id: UUID, output: Any = None, error: BaseException | Non
         if tr.owner is not None:
             with run.lock:
                 run.calls.answered_calls.add((tr.owner[0], tr.owner[2]))
+                if error is not None:
+                    run.calls.failed[(tr.owner[0], tr.call_id)] = aid
     except Exception as e:  # noqa: BLE001 - capture must not break the app
         capture_error("langgraph.tool_end", e, run.recorder)
     finally:

@@ -4,7 +4,7 @@ dependencies (``calls``) and tapped streams (``streams``). See ``client`` for wh
 
 from __future__ import annotations
 
-from ...registry_state import LiveVersions
+from ...registry_state import RegistryStateReader as LiveVersions  # the reader; the protocol is seams.LiveVersions
 from .calls import call_dependencies, call_inputs, emitter_of, message_dependencies, note_response, note_tool_calls
 from .client import OPENAI, SUPPORTED, instrument, instrumented, uninstrument, use_registry
 from .fields import (CHAT_PATH, RAW_SINK, REGISTRY_KEY, RESPONSES_PATH, RawCall, call_fields, completion_fields,

@@ -29,7 +29,7 @@ without a version gets the live version of the requested model (the adapter name
 agent) from the registry of the episode it lands in (``EpisodeRecorder.registry``, set by
 ``episode(registry=...)`` / ``instrument(app, registry=...)``), else from the process-wide default
 ``use_registry(root)`` (for code that sets one registry for everything), read when the request goes
-out (``marft_bridge.registry_state.LiveVersions``); ``metadata["adapter_version_source"]`` records
+out (``marft_bridge.registry_state.RegistryStateReader``); ``metadata["adapter_version_source"]`` records
 ``"server"`` or ``"registry"``. The registry is read again when the response is complete: vLLM swaps
 an adapter in place under requests in flight, so where another version went live meanwhile the
 action keeps the version it went out with and says ``metadata["adapter_version_changed"] = True``
@@ -191,6 +191,12 @@ def _request(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     url, body, extra = _request_parts(options)
     if url not in PATHS or not _active():
         return wrapped(*args, **kwargs)
+    from ...capture.routing import route
+
+    with guarded("openai.routing"):  # a canary episode's calls go to its release's served names
+        routed = route(body, current_episode(), _default_live)
+        if routed is not None:
+            options.json_data = routed  # sent; ``body`` (the app's model name) is what is recorded
     started, live = utcnow(), _registry_version(body)
     result = wrapped(*args, **kwargs)
     with guarded("openai.capture"):
@@ -203,6 +209,12 @@ async def _arequest(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> A
     url, body, extra = _request_parts(options)
     if url not in PATHS or not _active():
         return await wrapped(*args, **kwargs)
+    from ...capture.routing import route
+
+    with guarded("openai.routing"):  # as in ``_request``
+        routed = route(body, current_episode(), _default_live)
+        if routed is not None:
+            options.json_data = routed
     started, live = utcnow(), _registry_version(body)
     result = await wrapped(*args, **kwargs)
     with guarded("openai.capture"):

@@ -48,7 +48,6 @@ What becomes what:
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -86,18 +85,18 @@ class AgentsState(CaptureState):
     def ensure_processor(self) -> None:
         """Add the processor unless the SDK's list holds it or one of its type (checked on every
         ``instrument``: an app may have replaced the list since)."""
-        processors = _processors()
+        processors = registered_processors()
         if processors is None and self.added is not None:
             return  # unreadable list: added once already
         if processors is None or not any(p is _processor() or isinstance(p, type(_processor())) for p in processors):
             import agents
 
             agents.add_trace_processor(_processor())
-            self.added = _processors(raw=True) or ()
+            self.added = registered_processors(raw=True) or ()
 
     def stop(self) -> None:
         """Take out the processor ``start`` added, unless the app set its own list since."""
-        now = _processors(raw=True)
+        now = registered_processors(raw=True)
         if self.added is not None and now is self.added:
             import agents
 
@@ -328,7 +327,7 @@ def trace_processor() -> Any:
     return _processor()
 
 
-def _processors(raw: bool = False) -> Any:
+def registered_processors(raw: bool = False) -> Any:
     """The SDK's registered processors, read from its provider (the SDK has no public reader; None
     where it cannot be read): a list, or with ``raw`` the SDK's own (immutable) tuple."""
     with guarded("openai_agents.processors"):

@@ -62,7 +62,8 @@ class SpanEmitter:
 
         root = self.tracer.start_span(
             "invoke_workflow marft", start_time=_ns(ep.started_at),
-            attributes={"gen_ai.operation.name": "invoke_workflow", "gen_ai.workflow.name": ep.source,
+            # GenAI conventions 0.1.0: a workflow is an internal invoke-agent span keyed by gen_ai.agent.name
+            attributes={"gen_ai.operation.name": "invoke_workflow", "gen_ai.agent.name": ep.source,
                         "marft.episode.id": ep.id, "marft.episode.task": json.dumps(ep.task, default=str),
                         "marft.episode.status": ep.status})
         ctx = trace.set_span_in_context(root)

@@ -40,9 +40,7 @@ def spans_to_episode(spans: Iterable[Any], source: str = "otel", episode_id: str
         capture_error("otel.parent_loop", ValueError(
             f"spans {', '.join(format(i, '016x') for i in looped[:8])}{' ...' if len(looped) > 8 else ''}: "
             "parent chain loops; cut where it repeats"), rec)
-    recorded: list[tuple[Span, str, str]] = []  # span, action id, output text
-    emitted: dict[str, str] = {}  # tool call id -> the model call that asked for it
-    answered: dict[str, str] = {}  # tool call id -> the tool step that ran it
+    flow = _Flow(ancestry)
     # Own spans keep the episode's recording order; others go by start time, except tool spans,
     # which are recorded when they end: what ran inside them (an agent as a tool) comes first.
     order = sorted((n for n in nodes if n.kind in ("llm", "tool", "env")),
@@ -50,7 +48,7 @@ def spans_to_episode(spans: Iterable[Any], source: str = "otel", episode_id: str
                                   n.end))
     for n in order:
         try:
-            _record_span(rec, n, ancestry, recorded, emitted, answered)
+            _record_span(rec, n, flow)
         except Exception as e:  # noqa: BLE001 - one span's fault leaves the rest of the episode
             capture_error("otel.span", e, rec)
             if refused is not None:
@@ -97,8 +95,26 @@ def _task(nodes: list[Span], root: Span) -> Any:
     return _loads(raw) if isinstance(raw, str) and raw[:1] in "{[" else raw
 
 
-def _record_span(rec: Any, n: Span, ancestry: dict[int, list[Span]], recorded: list[tuple[Span, str, str]],
-                 emitted: dict[str, str], answered: dict[str, str]) -> None:
+class _Flow:
+    """What the spans recorded so far tell the next one: actions by span, tool-call ids, handoffs."""
+
+    def __init__(self, ancestry: dict[int, list[Span]]):
+        self.ancestry = ancestry
+        self.recorded: list[tuple[Span, str, str]] = []  # span, action id, output text
+        self.emitted: dict[str, str] = {}  # tool call id -> the model call that asked for it
+        self.answered: dict[str, str] = {}  # tool call id -> the tool step that ran it
+        self.by_span: dict[int, str] = {}  # span id -> its action
+        self.below: dict[int, int] = {}  # span id -> actions recorded below it
+        self.handoffs: dict[str, str] = {}  # agent name -> the handoff tool step that named it, not yet taken
+
+    def note(self, n: Span, aid: str, text: str) -> None:
+        self.recorded.append((n, aid, text))
+        self.by_span[n.id] = aid
+        for u in self.ancestry[n.id]:
+            self.below[u.id] = self.below.get(u.id, 0) + 1
+
+
+def _record_span(rec: Any, n: Span, flow: _Flow) -> None:
     """Record one model, tool or environment span as an action of ``rec``."""
     a = n.attrs
     fields = span_fields(n)
@@ -111,16 +127,17 @@ def _record_span(rec: Any, n: Span, ancestry: dict[int, list[Span]], recorded: l
         agent = str(a.get("gen_ai.agent.name") or "unknown")
         kind, step, aid = str(a.get("marft.kind") or n.kind), int(a.get("marft.step") or 0), str(a["marft.action.id"])
     else:
-        ups = ancestry[n.id]
+        ups = flow.ancestry[n.id]
         agent_spans = [u for u in ups if u.kind == "agent"]
         agent = _agent(n, agent_spans)
         kind, aid = n.kind, None
-        asked = emitted.get(str(meta.get("tool_call_id"))) if n.kind == "tool" else None
-        deps = _deps(n, fields, agent_spans, ancestry, recorded, asked)
+        asked = flow.emitted.get(str(meta.get("tool_call_id"))) if n.kind == "tool" else None
+        deps = _deps(n, fields, agent_spans, flow, asked)
+        extra = _opened(n, flow) + _links(n, flow)
         if n.kind != "tool":
-            for dep in _call_links(fields["observation"]["messages"], emitted, answered):
-                if dep not in deps:
-                    deps.append(dep)
+            extra += _call_links(fields["observation"]["messages"], flow.emitted, flow.answered)
+            extra += _handed_to(agent, agent_spans, flow)
+        deps += [d for d in dict.fromkeys(extra) if d not in deps]
         step = _step(n, ups, [rec.get_action(d).step for d in deps])
     new_id = rec.record_action(
         agent, kind=kind, step=step, depends_on=deps, error=n.error(), action_id=aid,
@@ -128,10 +145,69 @@ def _record_span(rec: Any, n: Span, ancestry: dict[int, list[Span]], recorded: l
         **fields)
     for c in (fields.get("output") or {}).get("tool_calls") or ():
         if c.get("id"):
-            emitted.setdefault(str(c["id"]), new_id)
+            flow.emitted.setdefault(str(c["id"]), new_id)
     if kind == "tool" and meta.get("tool_call_id"):
-        answered[str(meta["tool_call_id"])] = new_id
-    recorded.append((n, new_id, rec.get_action(new_id).output.text))
+        flow.answered[str(meta["tool_call_id"])] = new_id
+    if kind == "tool" and not n.error() and (target := handoff_target(meta)):
+        flow.handoffs[target] = new_id
+    flow.note(n, new_id, rec.get_action(new_id).output.text)
+
+
+# Tools whose call hands the conversation to another agent: ADK's, Strands' swarm's; ``transfer_to_<agent>``
+# (LangGraph, the OpenAI Agents SDK) names it in the tool's name.
+HANDOFF_TOOLS = frozenset({"transfer_to_agent", "handoff_to_agent"})
+
+
+def handoff_target(meta: dict[str, Any]) -> str | None:
+    """The agent a handoff tool step hands to (its ``agent_name`` argument, or the name's suffix)."""
+    name = str(meta.get("tool.name") or "")
+    args = meta.get("tool.arguments")
+    if name in HANDOFF_TOOLS and isinstance(args, dict) and args.get("agent_name"):
+        return str(args["agent_name"])
+    for prefix in ("transfer_to_", "handoff_to_"):
+        if name.startswith(prefix) and name not in HANDOFF_TOOLS:
+            return name[len(prefix):] or None
+    return None
+
+
+def _handed_to(agent: str, agent_spans: list[Span], flow: _Flow) -> list[str]:
+    """The receiving agent's first action depends on the handoff tool step that named it."""
+    if not flow.handoffs:
+        return []
+    leaf = agent.rsplit("/", 1)[-1]
+    for key in (agent, leaf):
+        if key in flow.handoffs:
+            return [flow.handoffs.pop(key)]
+    return []
+
+
+def _opened(n: Span, flow: _Flow) -> list[str]:
+    """Spans still open around the first action below them: a model call whose span encloses what
+    its answer started (ADK keeps it open around an ``AgentTool``) is a source of it; a tool span
+    (an agent as a tool) gives it the model call that asked for that tool."""
+    out = []
+    for u in flow.ancestry[n.id]:
+        if flow.below.get(u.id):
+            continue  # not the first action below it
+        if u.id in flow.by_span:
+            out.append(flow.by_span[u.id])
+        elif u.kind == "tool":
+            asked = flow.emitted.get(str(u.attrs.get("gen_ai.tool.call.id") or u.attrs.get("tool_call.id")))
+            if asked is not None:
+                out.append(asked)
+    return out
+
+
+def _links(n: Span, flow: _Flow) -> list[str]:
+    """Span links to recorded actions of the trace: the one convention for "that output became
+    this input" (our own emitter writes ``depends_on`` as links)."""
+    out = []
+    for link in getattr(n.raw, "links", None) or ():
+        ctx = getattr(link, "context", None)
+        aid = flow.by_span.get(getattr(ctx, "span_id", None))
+        if aid is not None and ctx.trace_id == n.raw.context.trace_id:
+            out.append(aid)
+    return out
 
 
 def dead_letter_record(exc: Exception, record: str) -> RecordError:
@@ -155,8 +231,7 @@ def _call_links(messages: list[dict[str, Any]], emitted: dict[str, str], answere
     return [d for d in dict.fromkeys(out) if d is not None]
 
 
-def _deps(n: Span, fields: dict[str, Any], agent_spans: list[Span], ancestry: dict[int, list[Span]],
-          recorded: list[tuple[Span, str, str]], asked: str | None = None) -> list[str]:
+def _deps(n: Span, fields: dict[str, Any], agent_spans: list[Span], flow: _Flow, asked: str | None = None) -> list[str]:
     """Parentage and message flow: earlier actions of this action's agent spans, and earlier actions
     whose output text is in its input. A tool span answering a call a recorded model call emitted
     (``asked``, by ``gen_ai.tool.call.id``) takes that call instead: its input is that call's
@@ -167,7 +242,8 @@ def _deps(n: Span, fields: dict[str, Any], agent_spans: list[Span], ancestry: di
     inside = {u.id for u in agent_spans} | ({n.id} if n.kind == "env" else set())
     result = fields["output"]["text"] if n.kind == "tool" else ""
     deps, nested = [asked] if asked is not None else [], []
-    for prev, pid, ptext in recorded:
+    ancestry = flow.ancestry
+    for prev, pid, ptext in flow.recorded:
         if n.kind == "tool" and any(u.id == n.id for u in ancestry[prev.id]):
             nested.append((prev, pid, ptext))
             continue
@@ -184,7 +260,7 @@ def _deps(n: Span, fields: dict[str, Any], agent_spans: list[Span], ancestry: di
 
 
 def _agent(n: Span, agent_spans: list[Span]) -> str:
-    named = [str(u.attrs["gen_ai.agent.name"]) for u in reversed(agent_spans) if u.attrs.get("gen_ai.agent.name")]
+    named = [name for u in reversed(agent_spans) if (name := u.own_name()) is not None]
     if named:
         return "/".join(named)
     for meta in [n.meta, *(u.meta for u in agent_spans)]:

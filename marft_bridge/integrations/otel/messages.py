@@ -97,8 +97,9 @@ def oi_messages(attrs: dict[str, Any], prefix: str) -> list[dict]:
 def tool_fields(a: dict[str, Any]) -> dict[str, Any]:
     """A tool span as a tool step, in the shape of the MCP / LangChain tool steps."""
     name = str(a.get("gen_ai.tool.name") or a.get("tool.name") or "tool")
-    args = a.get("gen_ai.tool.call.arguments") or a.get("input.value") or ""
-    result = a.get("gen_ai.tool.call.result") or a.get("output.value") or ""
+    # Google ADK writes its own keys beside the convention's (``gcp.vertex.agent.*``)
+    args = a.get("gen_ai.tool.call.arguments") or a.get("input.value") or a.get("gcp.vertex.agent.tool_call_args") or ""
+    result = a.get("gen_ai.tool.call.result") or a.get("output.value") or a.get("gcp.vertex.agent.tool_response") or ""
     call_id = a.get("gen_ai.tool.call.id") or a.get("tool_call.id")
     call = msgs.tool_call(call_id, name, args if args != "" else {})
     parsed = loads(args) if isinstance(args, str) else args

@@ -72,10 +72,21 @@ class Span:
             self.kind = "workflow"
 
     def agent_name(self) -> str | None:
+        named = self.own_name()
+        return named if named is not None else node_path(self.meta)
+
+    def own_name(self) -> str | None:
+        """The name an agent span gives its agent: ``gen_ai.agent.name`` (the GenAI conventions, both
+        before and since 0.1.0), OpenInference's ``agent.name``, else for an OpenInference ``AGENT``
+        span its span name (smolagents: ``"ToolCallingAgent.run"`` -> ``"ToolCallingAgent"``)."""
         a = self.attrs
-        if a.get("gen_ai.agent.name"):
-            return str(a["gen_ai.agent.name"])
-        return node_path(self.meta)
+        for key in ("gen_ai.agent.name", "agent.name"):
+            if a.get(key):
+                return str(a[key])
+        if a.get("openinference.span.kind") == "AGENT" and getattr(self.raw, "name", None):
+            name = str(self.raw.name)
+            return name[:-4] if name.endswith(".run") else name
+        return None
 
     def input_text(self) -> str:
         a = self.attrs

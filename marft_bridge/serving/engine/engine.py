@@ -118,9 +118,13 @@ class AdapterEngine:
     ) -> int | None:
         """Vet and load an adapter under ``name``, replacing the current one when ``load_inplace``.
         Returns the version now serving. Raises ``AdapterError`` (and changes nothing) for a bad adapter."""
+        from ...capture.routing import split_served_name
         from ..registry import check_agent_name
 
-        check_agent_name(name)
+        try:  # ``planner@r12``: a team release's adapter, served beside the plain name (a canary)
+            check_agent_name(split_served_name(name)[0])
+        except ValueError as e:
+            raise AdapterError(str(e)) from None
         if name == self.base_name:
             raise AdapterError(f"adapter name {name!r} is the base model's name; requests could not tell them apart")
         if self.registry is not None:
@@ -341,7 +345,8 @@ class AdapterEngine:
         except Exception as e:  # noqa: BLE001 - e.g. unloaded after it was queued, or settings that do not work
             self._fail(req, e)
             return None
-        _emit(req, "start", (slot.name, slot.version) if slot else (self.base_name, None))
+        # A release's served name reports its adapter: ``planner@r12`` is planner at the release's version.
+        _emit(req, "start", (slot.name.partition("@")[0], slot.version) if slot else (self.base_name, None))
         return row
 
     def _admit(self, new: list[GenerationRequest]) -> None:
@@ -446,7 +451,7 @@ class AdapterEngine:
         return GenerationResult(
             prompt_ids=list(row.req.prompt_ids), token_ids=list(st.token_ids), logprobs=list(st.logprobs),
             top_logprobs=list(st.top), text=st.text, finish_reason=st.finish or "length",
-            adapter=slot.name if slot else self.base_name, version=slot.version if slot else None,
+            adapter=slot.name.partition("@")[0] if slot else self.base_name, version=slot.version if slot else None,
         )
 
     def _retire_finished(self) -> None:
