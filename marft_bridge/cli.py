@@ -14,6 +14,7 @@ from .errors import MarftError
 COMMAND_MODULES = [
     "marft_bridge.store.cli",
     "marft_bridge.serving.cli",
+    "marft_bridge.serving.releases_cli",
     "marft_bridge.serving.vllm.cli",
     "marft_bridge.trainers.cli",
     "marft_bridge.trainers.sft_cli",

@@ -108,3 +108,16 @@ def test_marft_adapters_accepts_agent_paths(tiny_model_dir, tmp_path, capsys):
     assert capsys.readouterr().out.splitlines() == [
         "supervisor/agent -> supervisor (not in the registry)", "math_expert/agent -> math_expert (not in the registry)",
         "checker/agent -> checker.agent (not in the registry)"]
+
+
+def test_marft_adapters_map_puts_a_hosted_models_calls_on_their_agents_adapters(tmp_path, capsys):
+    from test_sft import team
+
+    eps = tmp_path / "eps.jsonl"
+    eps.write_text("".join(team(k, 1.0).to_json() + "\n" for k in range(3)))
+    assert marft(["adapters", "map", "--registry", str(tmp_path / "reg"), "--episodes", str(eps)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "planner -> planner (not in the registry); 3 calls to gpt-4.1-mini, not one of our adapters: "
+        "distil them with `marft sft`",
+        "solver -> solver (not in the registry); 3 calls to gpt-4.1-mini, not one of our adapters: "
+        "distil them with `marft sft`"]

@@ -42,7 +42,9 @@ def test_tool_agents_example_runs_the_whole_loop(tmp_path, capsys):
     op, a, b = demo.task["messages"][0]["content"][1], *map(int, demo.task["messages"][0]["content"][::2][:2])
     assert call.metadata["tool.name"] == {"+": "add", "*": "multiply"}[op] and call.metadata["tool.arguments"] == {"a": a, "b": b}
     assert call.output.text == str(a + b if op == "+" else a * b)
-    assert [adapter_name(a) for a in acts if a.kind == "llm"] == ["supervisor", "math_expert", "math_expert", "supervisor"]
+    # the demonstrations carry no adapter version: the names count as adapters where they are ours
+    assert [adapter_name(a, {"supervisor", "math_expert"}) for a in acts if a.kind == "llm"] == [
+        "supervisor", "math_expert", "math_expert", "supervisor"]
     assert "warm start: 96 (observation, action) pairs from 24 captured demonstrations; skipped none" in printed
 
     # Served, trained from the store (every model call a sample), swapped: the next run is v2.

@@ -110,6 +110,7 @@ class EpisodeRecorder:
         self.task = jsonable(task) if task is not None else None
         self.source = source
         self.metadata: dict[str, Any] = dict(metadata or {})
+        self.release: str | None = None  # the team release the episode was pinned to (capture.routing)
         self.started_at = utcnow()
         self.closed = False
         self._lock = threading.Lock()
@@ -360,7 +361,7 @@ class EpisodeRecorder:
             data = {
                 "id": self.id, "source": self.source, "task": self.task, "actions": list(self._actions),
                 "rewards": [r.model_dump() for r in self._rewards], "status": status,
-                "started_at": self.started_at, "ended_at": utcnow(), "metadata": meta,
+                "started_at": self.started_at, "ended_at": utcnow(), "metadata": meta, "release": self.release,
             }
             self._data = data
         try:

@@ -406,8 +406,10 @@ class ContinuousService:
     def promote(self, adapters_dir: Path, metrics: dict, agents: list[str] | None = None, *,
                 round_id: str | None = None, sha256: dict[str, str] | None = None) -> dict[str, int]:
         """Publish each agent's adapter (``_publish``) and load it into every server."""
-        published = self._publish(adapters_dir, metrics, agents or self.config.agents, round_id, sha256)
-        versions = {a: v if self.registry.current(a) == v else self._serve(a, v) for a, v in published.items()}
+        versions = {}
+        for agent in agents or self.config.agents:  # one agent at a time: published, then served
+            v = self._publish(adapters_dir, metrics, [agent], round_id, sha256)[agent]
+            versions[agent] = v if self.registry.current(agent) == v else self._serve(agent, v)
         # the trainer's versions are the registry's: max_version_lag and logprob_gap compare with them
         self.trainer.policy_versions.update(versions)
         return versions

@@ -3,7 +3,8 @@
 An adapter is named by the model name an app's calls send (vLLM-style). Agents captured under a
 subgraph path (``supervisor/agent``) may be given instead: they map to their registry-safe name
 (``supervisor.agent``, see ``schema.agent_adapter_name``); ``marft adapters map`` prints the
-agent -> adapter mapping of captured episodes, the one ``marft train`` uses.
+agent -> adapter mapping of captured episodes, the one ``marft train`` and ``marft sft`` use (a hosted
+model's calls map to their agent's adapter, and are counted).
 """
 
 from __future__ import annotations
@@ -258,7 +259,7 @@ def _rollback(args) -> int:
 
 
 def _map(args) -> int:
-    from ..adapter_names import adapters_by_agent
+    from ..adapter_names import adapters_by_agent, hosted_models_by_agent
 
     if args.store:
         from ..store import TraceStore
@@ -278,8 +279,13 @@ def _map(args) -> int:
             raise MarftError(f"cannot read episodes {args.episodes}: {e}") from None
     reg = _registry(args)
     known = set(reg.agents())
-    for agent, adapters in adapters_by_agent(episodes).items():
+    # A model name the registry holds is ours even where the record has no version; any other name
+    # with no version (gpt-4.1-mini) is a hosted model: its calls belong to their agent's adapter.
+    hosted = hosted_models_by_agent(episodes, ours=known)
+    for agent, adapters in adapters_by_agent(episodes, ours=known).items():
         shown = [f"{a} (v{reg.current(a)})" if a in known and reg.current(a) else f"{a} (not in the registry)"
                  for a in adapters]
-        print(f"{agent} -> {', '.join(shown)}")
+        notes = [f"{n} calls to {m}, not one of our adapters: distil them with `marft sft`"
+                 for m, n in hosted.get(agent, {}).items()]
+        print(f"{agent} -> {', '.join(shown)}" + "".join(f"; {x}" for x in notes))
     return 0

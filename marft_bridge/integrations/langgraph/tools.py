@@ -283,6 +283,8 @@ def end(state: Any, run_id: UUID, output: Any = None, error: BaseException | Non
             with run.lock:
                 handed = EMPTY.union(*(g.answer_provenance() for g in tr.graphs))
                 tr.deps, tr.inner = tr.deps | handed, tr.inner | handed
+                # and what the task hands on where a value cannot be traced (as a model call made inside)
+                tr.task.actions.extend(run.sorted_ids(handed - set(tr.task.actions)))
         text, extra = ("", {}) if error is not None else _result(output, tr.call_id)
         args_json = convert.arguments_json(tr.args)
         call = {"id": tr.call_id, "type": "function", "function": {"name": tr.name, "arguments": args_json}}

@@ -263,6 +263,8 @@ def _agent(n: Span, agent_spans: list[Span]) -> str:
     named = [name for u in reversed(agent_spans) if (name := u.own_name()) is not None]
     if named:
         return "/".join(named)
+    if n.attrs.get("gen_ai.agent.name"):  # a call span naming its own agent (as our emitter's do)
+        return str(n.attrs["gen_ai.agent.name"])
     for meta in [n.meta, *(u.meta for u in agent_spans)]:
         path = node_path(meta)
         if path:
