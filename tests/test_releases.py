@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from marft_bridge.capture.routing import in_canary  # noqa: E402
+from marft_bridge.release_names import in_canary  # noqa: E402
 from marft_bridge.serving.adapter_files import AdapterError  # noqa: E402
 from marft_bridge.serving.fixtures import make_random_adapter  # noqa: E402
 from marft_bridge.serving.publishers import EmbeddedServerPublisher  # noqa: E402
@@ -206,3 +206,32 @@ def test_probe_catches_weights_swapped_behind_the_registrys_back(tmp_path, tiny_
     assert not bad["ok"] and not bad["agents"]["planner"]["ok"] and bad["agents"]["coder"]["ok"]
     assert "differ" in bad["agents"]["planner"]["reason"]
     assert store.state().probes[rel.id]["ok"] is False
+
+
+def test_served_names_and_release_of_an_episode():
+    from marft_bridge.release_names import served_name, split_served_name
+    from marft_bridge.schema import Action, Episode, Output, Policy, Reward
+    from marft_bridge.service.canary import file_live, release_of
+
+    assert served_name("planner", "r12") == "planner@r12"
+    assert split_served_name("planner@r12") == ("planner", "r12") and split_served_name("planner") == ("planner", None)
+    for bad in ("planner@12", "plan/ner@r1", "@r1", "planner@r0"):
+        with pytest.raises(ValueError, match="not a served release name"):
+            split_served_name(bad)
+    # the same episode id always lands on the same side; about `fraction` of ids land on the canary
+    ids = [f"ep-{i}" for i in range(2000)]
+    share = sum(in_canary(i, "r3", 0.1) for i in ids) / len(ids)
+    assert 0.08 < share < 0.12 and [in_canary(i, "r3", 0.1) for i in ids[:50]] == [in_canary(i, "r3", 0.1) for i in ids[:50]]
+
+    def ep(versions, release=None, reward=1.0):
+        acts = [Action(agent=a, output=Output(text="x"), policy=Policy(name=a, version=v)) for a, v in versions.items()]
+        return Episode(actions=acts, rewards=[Reward(value=reward, source="t")], release=release)
+
+    candidates = {"r1": {"planner": 1, "coder": 1}, "r2": {"planner": 2, "coder": 1}}
+    assert release_of(ep({"planner": 2, "coder": 1}), candidates) == "r2"  # by the versions that served it
+    assert release_of(ep({"planner": 1, "coder": 1}, release="r2"), candidates) == "r2"  # capture's pin wins
+    assert release_of(ep({"planner": 2, "coder": 2}), candidates) is None  # no release served that mix
+    live: dict = {}
+    file_live(live, ep({"planner": 1, "coder": 1}, reward=0.5), candidates)
+    file_live(live, ep({"planner": 1, "coder": 1}, release="nonsense"), candidates)  # not a release id: by versions
+    assert [list(v.values()) for v in live.values()] == [[0.5, 1.0]] and list(live) == ["r1"]

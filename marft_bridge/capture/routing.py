@@ -7,7 +7,7 @@ canary runs, the service writes a routing table to ``<registry>/.releases/routin
      "canary": {"id": "r12", "versions": {"planner": 4, "coder": 2}, "fraction": 0.1}}
 
 and loads each listed release into the servers under *served names* ``<agent>@<release>``
-(``planner@r12``). The client hook asks ``route`` before a model call goes out: the first call of an
+(``planner@r12``); with no canary the table is empty and nothing is routed. The client hook asks ``route`` before a model call goes out: the first call of an
 episode pins it to a release — the canary when its id hashes into ``fraction`` (sticky: the same id
 always lands on the same side), else the stable one — and every later call of that episode goes to
 the same release's served names, so no episode ever mixes releases, even across a promotion. The
@@ -20,47 +20,15 @@ Capture reads the table as a file, re-read only when it changes; nothing of serv
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 import threading
 from pathlib import Path
 from typing import Any
 
-from ..registry_state import is_agent_name, live_versions
-
-RELEASES_DIR = ".releases"
-ROUTING_FILE = "routing.json"
-RELEASE_ID = re.compile(r"^r[1-9][0-9]{0,8}\Z")
-SEP = "@"
-
-
-def served_name(agent: str, release: str) -> str:
-    """The name a release's adapter of ``agent`` is served under: ``planner@r12``."""
-    return f"{agent}{SEP}{release}"
-
-
-def split_served_name(name: str) -> tuple[str, str | None]:
-    """``planner@r12`` -> (``planner``, ``r12``); a plain adapter name -> (name, None). Raises
-    ``ValueError`` for a name with ``@`` whose parts are not an adapter name and a release id."""
-    agent, sep, release = name.partition(SEP)
-    if not sep:
-        return name, None
-    if not is_agent_name(agent) or not RELEASE_ID.match(release):
-        raise ValueError(f"{name!r} is not a served release name <agent>@r<N>")
-    return agent, release
-
-
-def in_canary(episode_id: str, release: str, fraction: float) -> bool:
-    """Whether ``episode_id`` belongs to the canary share of ``release`` (a stable hash: the same
-    episode always gets the same answer, in every process and after restarts)."""
-    h = int.from_bytes(hashlib.sha256(f"{release}:{episode_id}".encode()).digest()[:8], "big")
-    return h / 2**64 < fraction
-
-
-def routing_path(root: str | os.PathLike) -> Path:
-    return Path(root) / RELEASES_DIR / ROUTING_FILE
+from ..registry_state import live_versions
+from ..release_names import RELEASE_ID, RELEASES_DIR, ROUTING_FILE, in_canary, routing_path, served_name
+from ..release_names import split_served_name  # noqa: F401 - re-exported
 
 
 class RoutingTable:

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Literal
 
+from ..release_names import RELEASE_ID
+
 Decision = Literal["promote", "rollback", "continue"]
 MIN_VARIANCE = 1e-6  # a floor: a first few equal rewards must not make the interval a point
 
@@ -139,13 +141,14 @@ def naive_z_decides(canary, stable, alpha: float, margin: float) -> bool:
 # -- the service's canary ------------------------------------------------------------------------
 
 KEEP_LIVE = 2000  # rewarded episodes kept per release for drift (the newest)
+KEEP_RELEASES = 5  # releases whose live rewards are kept
 
 
 def release_of(ep: Any, candidates: dict[str, dict[str, int]]) -> str | None:
     """The release that served ``ep``: the one capture pinned it to (``Episode.release``), else the
     newest of ``candidates`` whose versions served every adapter call of it that names a version."""
     rid = getattr(ep, "release", None) or (ep.metadata or {}).get("release")
-    if rid:
+    if isinstance(rid, str) and RELEASE_ID.match(rid):
         return rid
     served = {a.policy.name: a.policy.version for a in ep.actions
               if a.kind == "llm" and a.policy is not None and a.policy.version is not None}
@@ -267,6 +270,8 @@ def file_live(live: dict[str, dict[str, float]], ep: Any, candidates: dict[str, 
     bucket[ep.id] = float(reward)
     while len(bucket) > KEEP_LIVE:
         bucket.pop(next(iter(bucket)))
+    for old in sorted(live, key=lambda r: int(r[1:]))[:-KEEP_RELEASES]:  # the state file stays small
+        del live[old]
 
 
 def _now() -> str:

@@ -38,6 +38,17 @@ class CanaryConfig(BaseModel):
     effect: float = Field(0.1, gt=0)  # tau, the reward difference the test is tuned to detect fastest
 
 
+class ProbeConfig(BaseModel):
+    """``probe:`` — check that each served adapter answers as recorded at publish time
+    (``serving.probe``): at the first poll after every swap and every ``every_minutes``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    every_minutes: float = Field(10.0, gt=0)
+    tolerance: float = Field(0.05, gt=0)  # largest |log-prob difference| accepted
+    max_tokens: int = Field(8, ge=1, le=64)  # greedy tokens recorded and compared
+
+
 class ServiceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -61,6 +72,7 @@ class ServiceConfig(BaseModel):
     rollback_window: int = Field(32, ge=1)
     rollback_margin: float = Field(0.05, ge=0)
     canary: CanaryConfig | None = None  # None: a gated release is promoted at once (then watched)
+    probe: ProbeConfig | None = None  # None: no identity probe (``marft releases verify`` still runs one)
     drift_margin: float = Field(0.1, ge=0)  # status flags a release whose live reward < gate score - this
     # MarftConfig: a bad trainer option fails at load, naming the field
     trainer: MarftConfig = Field(default_factory=MarftConfig)

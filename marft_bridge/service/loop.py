@@ -31,9 +31,8 @@ With ``trainer: {update_scheme: rerollout}`` a round trains, gates and publishes
 the cycle's update order, on episodes every live version played (stale ones, served by a replaced
 version, are dropped and counted): fresh rollouts between agents' updates, so M = 1 on its samples.
 
-Every promotion is a team release (``serving.releases``: the set {agent: version}); a regression rolls
-the whole team back to the previous release. With ``canary:`` a gated round's release first serves a
-share of live episodes (``service.canary``: promoted or rolled back on an always-valid test of live reward).
+Every promotion is a team release (``serving.releases``); a regression rolls the whole team back. With
+``canary:`` a gated release first serves a share of live episodes (``service.canary``, ``service.releasing``).
 """
 
 from __future__ import annotations
@@ -189,6 +188,9 @@ class ContinuousService:
             if finished is not None:
                 return finished
         n = self.poll()
+        unhealthy = self.team.maybe_probe()  # after a swap and every probe.every_minutes
+        if unhealthy is not None:
+            return unhealthy
         if self.team.running():
             return self.team.canary.check()  # one canary at a time: no training until it is decided
         if self.state.watch:
@@ -401,6 +403,7 @@ class ContinuousService:
                 v = self.registry.publish(agent, adapters_dir / agent, metrics=metrics, round_id=round_id,
                                           config=self.trainer.config.model_dump(mode="json"))
             versions[agent] = v
+        self.team.record_probes(versions)  # with ``probe:``: what each version must answer, recorded now
         return versions
 
     def promote(self, adapters_dir: Path, metrics: dict, agents: list[str] | None = None, *,

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..capture.routing import RELEASES_DIR, served_name
+from ..release_names import RELEASES_DIR, served_name
 from ..durable import write_json
 from .adapter_files import AdapterError
 

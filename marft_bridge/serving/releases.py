@@ -18,8 +18,9 @@ current in the registry, then the state records the result. A kill in between le
 which ``recover`` applies again (idempotent: an agent already at its version is skipped).
 
 A canary serves a release to a share of episodes under served names ``<agent>@r<N>`` beside the
-stable release's (``start_canary``); the served names of a release stay loaded until two routing
-changes later, so episodes pinned to it finish on it.
+stable release's (``start_canary``); while it runs, every new episode is pinned to one of the two
+(``capture.routing``). The served names of a release stay loaded until two routing changes later, so
+episodes pinned to it finish on it; without a canary the plain names serve the stable release.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..capture.routing import RELEASE_ID, RELEASES_DIR, ROUTING_FILE, served_name
+from ..release_names import RELEASE_ID, RELEASES_DIR, ROUTING_FILE, served_name
 from ..durable import write_json
 from .adapter_files import AdapterError
 from .publishers import Publisher
@@ -265,9 +266,11 @@ class ReleaseStore:
         return rel
 
     def _route(self, state: ReleaseState, publishers: list[Publisher]) -> None:
-        """Load the served names of the stable (and canary) release, write the routing table, and
-        unload served names two changes old (episodes pinned to the previous table finish first)."""
-        live = [state.stable] + ([state.canary["id"]] if state.canary else [])
+        """While a canary runs, load the served names of the stable and the canary release and route
+        episodes between them; without one, the table is empty (the plain names serve the stable
+        release). Served names two tables old are unloaded: episodes pinned by the previous table
+        finish on the release they started on."""
+        live = [state.stable, state.canary["id"]] if state.canary else []
         table: dict[str, Any] = {}
         for key, rid in zip(("stable", "canary"), live):
             rel = self.get(rid)

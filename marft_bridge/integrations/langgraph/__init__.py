@@ -10,7 +10,9 @@ elsewhere. ``reward_fn(inputs, outputs) -> float`` adds a team reward per run (f
 
 What becomes what:
 - An agent is a node, or the node's ``metadata={"agent_name": ...}``; nodes of subgraphs are
-  named by their path (``"team/researcher"``). Each chat-model call inside a node is an ``llm``
+  named by their path (``"team/researcher"``); a graph with its own agent name
+  (``create_agent(name=...)``: ``lc_agent_name``) different from the graph around it starts the
+  path (``"researcher/model"``), wherever it runs, inside a tool too (``provenance.agent_path``). Each chat-model call inside a node is an ``llm``
   action (every call path reports to LangChain's callbacks: invoke, stream, batch, structured
   output, tool binding); the tools bound to it are ``observation.tools``. Each tool execution
   (``ToolNode``, ``create_agent``'s tool node, ``tool.invoke`` in a node) is a ``tool`` action of

@@ -13,13 +13,13 @@ once and the public tier runs alone, the episodes marked ``metadata["dependency_
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
 from typing import Any
 
 from ...capture_errors import capture_error, guarded
 from ..hooks import Hooks, arg, installed_version
 from . import channels as kinds
 from . import futures, manager_events, memory, tools
+from . import reads as rd
 from . import provenance as pv
 from .callbacks import CAPTURE_HANDLER
 from .runs import CaptureHandler, Task, record_env, task_id
@@ -32,7 +32,6 @@ _PUSH = "__pregel_push"
 _TASKS = "__pregel_tasks"
 # The value an entrypoint saved on its thread (functional API): every task is handed it.
 _PREVIOUS = "__previous__"
-_PACKET_ITEMS = 64  # a longer list in a Send packet is data the sender built, not a wrapper
 # Config key that marks an instrumented run; "__" keeps it out of checkpoint metadata.
 MARK = "__marft_capture"
 
@@ -56,7 +55,7 @@ class _LoopState:
         self.run = run
         self.parent = parent
         # A subgraph run on its parent task's input: per input key, where that part came from.
-        self.key_prov: dict[str, frozenset[str]] | None = _key_provenance(parent, loop.input) if parent else None
+        self.key_prov: dict[str, frozenset[str]] | None = rd.key_provenance(parent, loop.input) if parent else None
         self.prov: dict[str, frozenset[str]] = {}
         self.sends: dict[int, tuple[Any, frozenset[str]]] = {}  # id(Send.arg) -> (Send, provenance)
         self.seen: set[str] = set()
@@ -71,7 +70,7 @@ class _LoopState:
         self.answer: frozenset[str] | None = None  # see ``answer_provenance``
 
     def output_provenance(self) -> frozenset[str]:
-        return pv.inputs(self.prov, _output_keys(self.loop)) | self.bubbled
+        return pv.inputs(self.prov, rd.output_keys(self.loop)) | self.bubbled
 
     def answer_provenance(self) -> frozenset[str]:
         """What a caller that takes the graph's answer reads (an agent run inside a tool): the tasks
@@ -81,45 +80,6 @@ class _LoopState:
 
     def accumulates(self, ch: str) -> bool:
         return kinds.accumulates(self.loop.channels.get(ch))
-
-
-def _output_keys(loop: Any) -> list[str]:
-    keys = loop.output_keys
-    return [keys] if isinstance(keys, str) else list(keys)
-
-
-def _key_provenance(parent: Task, sub_input: Any) -> dict[str, frozenset[str]] | None:
-    """Per key of a subgraph's input, the provenance of that part of its parent task's input: the
-    channels a node read, or for a ``Send`` the channels each value came from (else the sender).
-    None when the graph runs on something else (a node that invokes a graph on its own input)."""
-    if parent.reads is None:
-        return None
-    pst, task_input, chans = parent.reads
-    if sub_input is not task_input or not isinstance(task_input, Mapping):
-        return None
-    if chans is not None:
-        return {k: pst.prov.get(k, pv.EMPTY) for k in task_input}
-    values = {c: ch.get() for c, ch in pst.loop.channels.items() if ch.is_available()}
-    return {k: pv.value_provenance(v, values, pst.prov, parent.deps) for k, v in task_input.items()}
-
-
-def _packet_provenance(st: _LoopState, packet: Any, values: dict[str, Any]) -> frozenset[str]:
-    """What a ``Send``'s packet carries besides its sender's decision: the provenance of each value
-    in it that a channel holds (``values``: the channels' values; by identity — a value the sender
-    computed is its own output), looked for a few containers deep: ``create_agent`` sends each tool
-    call as ``[ToolCallWithContext(tool_call=..., state=<the graph state>)]``, and a tool handed that
-    state (``ToolRuntime``) reads those values."""
-    out, todo = pv.EMPTY, [(packet, 0)]
-    while todo:
-        v, depth = todo.pop()
-        hit = pv.value_provenance(v, values, st.prov, None)
-        if hit is not None:
-            out |= hit
-        elif depth < 3 and isinstance(v, Mapping):
-            todo.extend((x, depth + 1) for x in v.values())
-        elif depth < 3 and isinstance(v, (list, tuple)) and len(v) <= _PACKET_ITEMS:
-            todo.extend((x, depth + 1) for x in v)
-    return out
 
 
 def _attach(h: CaptureHandler, loop: Any) -> _LoopState | None:
@@ -179,7 +139,7 @@ def _new_task(st: _LoopState, task: Any, deps: frozenset[str], internal: bool) -
 
 
 def _register_tasks(st: _LoopState) -> None:
-    loop, parent = st.loop, st.parent
+    loop = st.loop
     values: dict[str, Any] | None = None  # the channels' values, read once for this tick's Send packets
     for task in loop.tasks.values():
         if task.id in st.seen:
@@ -201,7 +161,7 @@ def _register_tasks(st: _LoopState) -> None:
             if sent is not None and sent[0].arg is task.input:
                 if values is None:
                     values = {c: ch.get() for c, ch in loop.channels.items() if ch.is_available()}
-                deps = sent[1] | _packet_provenance(st, task.input, values)
+                deps = sent[1] | rd.packet_provenance(st, task.input, values)
             else:
                 deps = pv.EMPTY.union(*(p for _, p in st.sends.values()))
             reads = (st, task.input, None)
@@ -238,18 +198,18 @@ def _apply_writes(st: _LoopState) -> None:
     st.sends = {}
     tasks = st.run.state.tasks
     step: list[tuple[frozenset[str], list[str]]] = []
-    keys, answer = set(_output_keys(loop)), []
+    keys, answer = set(rd.output_keys(loop)), []
     for task in loop.tasks.values():
         t = tasks.get(task.id)
         if t is None:
             continue
-        out = _cached(st, task, t)
+        out = rd.cache_hit(st, task, t)
         if out is None:
             out = pv.task_output(t)
             if out is None:
                 record_env(t, task.writes)
                 out = frozenset(t.actions)
-            _fill_cache(st, task, out)
+            rd.fill_cache(st, task, out)
         chans = []
         for ch, val in task.writes:
             if ch == _TASKS:
@@ -262,8 +222,8 @@ def _apply_writes(st: _LoopState) -> None:
         elif t.handed:  # a tool node: each value it writes carries the tool step that returned it
             step.extend((pv.written(t, val, out), [ch]) for ch, val in task.writes if ch != _TASKS)
         elif t.children and not t.pushed:  # it ran subgraphs: each value it hands on, from where it was
-            held = _held_values(t.children)
-            step.extend((_returned_provenance(held, val, out), [ch]) for ch, val in task.writes if ch != _TASKS)
+            held = rd.held_values(t.children)
+            step.extend((rd.returned_provenance(held, val, out), [ch]) for ch, val in task.writes if ch != _TASKS)
         else:
             step.append((out, chans))
         if not t.internal and not keys.isdisjoint(chans):
@@ -271,44 +231,6 @@ def _apply_writes(st: _LoopState) -> None:
     pv.apply_writes(st.prov, step, st.accumulates)
     if answer:  # the graph's answer so far: the tasks of its latest step that wrote its output
         st.answer = pv.EMPTY.union(*answer)
-
-
-def _cache_key(task: Any) -> tuple | None:
-    key = getattr(task, "cache_key", None)
-    return (tuple(key.ns), key.key) if key is not None else None
-
-
-def _cached(st: _LoopState, task: Any, t: Task) -> frozenset[str] | None:
-    """A node cache hit (``CachePolicy``: LangGraph hands back the writes a run saved, the node does
-    not run): what those writes carried when a run of this episode filled the cache. None: not a
-    hit this episode saw filled."""
-    key = _cache_key(task)
-    if key is None or t.calls or t.actions or t.children or t.pushed:
-        return None
-    return st.run.cache.get(key)
-
-
-def _fill_cache(st: _LoopState, task: Any, out: frozenset[str]) -> None:
-    key = _cache_key(task)
-    if key is not None:
-        st.run.cache[key] = out
-
-
-def _held_values(children: list[_LoopState]) -> list[tuple[dict[str, Any], dict[str, frozenset[str]]]]:
-    """Per subgraph a task ran: its channels' final values and their provenance; none when one of
-    them handed off (a ParentCommand: what it handed back is not in its channels)."""
-    if any(c.bubbled for c in children):
-        return []
-    return [({k: ch.get() for k, ch in c.loop.channels.items() if ch.is_available()}, c.prov) for c in children]
-
-
-def _returned_provenance(held: list[tuple[dict[str, Any], dict[str, frozenset[str]]]], value: Any,
-                         fallback: frozenset[str]) -> frozenset[str]:
-    """Where a value a task writes came from when the task ran subgraphs (one added as a node, or
-    invoked by hand): the provenance of the subgraph channels holding that very object, else
-    ``fallback`` (all the subgraphs handed back: a value the node computed from them, or a handoff)."""
-    hits = [p for values, prov in held if (p := pv.value_provenance(value, values, prov, None)) is not None]
-    return pv.EMPTY.union(*hits) if hits else fallback
 
 
 def _drop_cleared(st: _LoopState) -> None:

@@ -18,6 +18,9 @@ ToolMessage, a ``Command``'s update values), the task's other writes (its trigge
 model call inside a tool's body depends on what the tool read, and the step on it. A tool
 called by hand in a node is the node agent's and depends on what the node had seen. A tool
 interrupted by ``interrupt()`` (a ``GraphBubbleUp``) is recorded when it runs again on resume.
+A graph run inside a tool's body (an agent as a tool) starts from what the tool step read, and the
+step depends on the graph's answer (``ran_graph``). A failed step that a retry of the same call
+replaced (``ToolRetryMiddleware``) hands nothing on.
 """
 
 from __future__ import annotations

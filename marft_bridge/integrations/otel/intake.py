@@ -27,7 +27,14 @@ Spans -> Episodes
     alone (plus what ran inside it); one without a known call id takes parentage. A tool span is recorded at its end, after what ran
     inside it: an agent run as a tool (its ``invoke_agent`` span a child of the ``execute_tool``
     span) gives the tool step an edge from the sub-agent's action whose output is the tool's result
-    (else from its last one). Spans of traces that never finish are kept up to ``max_traces``;
+    (else from its last one); the first action below a span still open (a model call around an
+    ADK ``AgentTool``) depends on it, the first below a tool span on the call that asked for that
+    tool. A handoff tool step (``transfer_to_agent`` / ``handoff_to_agent`` naming ``agent_name``,
+    ``transfer_to_<agent>``) is a source of the named agent's next action. Span links to actions of
+    the trace are dependencies. Agents: ``gen_ai.agent.name``, OpenInference's ``agent.name``, an
+    ``AGENT`` span's name (``CodeAgent.run`` -> ``CodeAgent``); a workflow (``invoke_workflow``,
+    named by ``gen_ai.workflow.name`` or, since GenAI conventions 0.1.0, ``gen_ai.agent.name``) is
+    never an agent. Spans of traces that never finish are kept up to ``max_traces``;
     older ones are dropped and counted.
 
 Actions -> spans (``integrations.otel_emit``, re-exported here)

@@ -118,7 +118,7 @@ class AdapterEngine:
     ) -> int | None:
         """Vet and load an adapter under ``name``, replacing the current one when ``load_inplace``.
         Returns the version now serving. Raises ``AdapterError`` (and changes nothing) for a bad adapter."""
-        from ...capture.routing import split_served_name
+        from ...release_names import split_served_name
         from ..registry import check_agent_name
 
         try:  # ``planner@r12``: a team release's adapter, served beside the plain name (a canary)
