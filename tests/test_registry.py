@@ -36,6 +36,16 @@ def test_publish_creates_versions_with_manifest(tmp_path, adapter_dir, tiny_mode
     assert reg.current("planner") is None
 
 
+def test_a_manifest_keeps_only_finite_number_metrics(tmp_path, adapter_dir):
+    # A trainer without a critic reports value_loss NaN, and per-agent tables: neither is a number to
+    # keep, and a NaN written as null made the manifest unreadable (the server then refused the version).
+    reg = AdapterRegistry(tmp_path / "reg")
+    v = reg.publish("planner", adapter_dir, metrics={"reward_mean": 0.5, "value_loss": float("nan"), "kl": float("inf"),
+                                                     "logprob_gap": {"planner": {"mean": 0.0}}, "updates": 3,
+                                                     "collapsed": True})
+    assert reg.manifest("planner", v).metrics == {"reward_mean": 0.5, "updates": 3.0}
+
+
 def test_publish_accepts_save_pretrained_layout_with_agent_subdir(tmp_path, adapter_dir):
     src = tmp_path / "trainer_out"
     shutil.copytree(adapter_dir, src / "coder")  # what save_pretrained(selected_adapters=["coder"]) writes

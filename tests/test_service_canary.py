@@ -181,8 +181,7 @@ def test_probe_failure_stops_the_canary(tmp_path, tiny_model_dir, server):
     from marft_bridge.serving import EmbeddedServerPublisher
 
     pubs = [EmbeddedServerPublisher(server.url, KEY)]
-    cfg = _config(tmp_path, tiny_model_dir).model_copy(update={"probe": {"max_tokens": 4}})
-    cfg = ServiceConfig.model_validate(cfg.model_dump())
+    cfg = ServiceConfig.model_validate({**_config(tmp_path, tiny_model_dir).model_dump(), "probe": {"max_tokens": 4}})
     store = TraceStore.open(cfg.store)
     for i in range(6):
         store.add_episode(_episode(i, None, float(i % 2)))

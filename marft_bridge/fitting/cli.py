@@ -7,7 +7,8 @@ import argparse
 DESCRIPTION = """\
 Train the agents of your own app on a task set: the app is the environment. Each iteration plays K tasks
 x G rollouts (distinct sampling seeds) through the app, concurrently, captures every run as an episode
-into the store (with its task id and rollout index), runs one MARFT update on the rewarded episodes,
+into the store (with its task id and rollout index), runs one update on the rewarded episodes (MARFT PPO, or with
+--algorithm expert_iteration supervised fine-tuning of each agent on its own best rollouts),
 publishes each agent's new adapter as its next version and hot-swaps it into the server, then replays the
 val tasks with the same seeds and prints one metrics line. At the end the best-val versions are promoted
 in OUT/registry, and OUT/results.json and OUT/learning_curve.png are written. App runs that raise or pass
@@ -18,6 +19,8 @@ EPILOG = """\
 example (run from examples/fit_quickstart):
   marft fit --app app:build_app --tasks tasks.jsonl --val val.jsonl --reward reward:score \\
             --base-model MODEL_DIR --agents planner solver --out runs/fit --iterations 8
+  # expert iteration: each agent fine-tuned on the best of each task's 4 rollouts that solved it
+  marft fit ... --algorithm expert_iteration --top-k-per-group 1 --min-reward 1
 """
 
 
@@ -55,6 +58,24 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store", metavar="URL", help="trace store URL or SQLite path (default OUT/traces.db)")
     p.add_argument("--rollout-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="an app run longer than this is stopped and stored as a failed episode (default 300)")
+    p.add_argument("--algorithm", choices=["ppo", "expert_iteration"], default="ppo",
+                   help="the update: ppo (default: the MARFT update of --config on every rewarded rollout) or "
+                   "expert_iteration (rejection-sampling fine-tuning: per task group each agent keeps its best "
+                   "rollouts, ranked by its own reward where the reward function gives one per agent, else the "
+                   "team reward, and its adapter is fine-tuned from where it stands with the SFT loss on its own "
+                   "kept actions; an agent with nothing kept is unchanged; published like ppo)")
+    p.add_argument("--min-reward", type=float, metavar="R",
+                   help="expert_iteration: keep rollouts with reward >= R")
+    p.add_argument("--top-k-per-group", type=int, metavar="K",
+                   help="expert_iteration: keep at most the K highest-reward rollouts of each task group "
+                   "(ties: the lower rollout index); with --min-reward, only those >= R")
+    p.add_argument("--sft-epochs", type=int, default=1, metavar="E",
+                   help="expert_iteration: passes over the kept actions per iteration (default 1)")
+    p.add_argument("--sft-lr", type=float, default=1e-4, metavar="LR",
+                   help="expert_iteration: learning rate of the SFT step (default 1e-4; a fresh AdamW per "
+                   "agent and iteration)")
+    p.add_argument("--sft-batch-size", type=int, default=8, metavar="N",
+                   help="expert_iteration: actions per optimiser step (default 8)")
     p.add_argument("--resume", action="store_true",
                    help="continue a killed run from its last completed iteration (no version is published twice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (the metrics lines still print)")
@@ -70,5 +91,7 @@ def _fit(args) -> int:
     fit(args.app, args.tasks, args.reward, args.base_model, args.agents, args.out, val=args.val, config=args.config,
         iterations=args.iterations, tasks_per_iteration=args.tasks_per_iteration, group_size=args.group_size,
         concurrency=args.concurrency, seed=args.seed, server=args.server, api_key_env=args.api_key_env,
-        store=args.store, rollout_timeout=args.rollout_timeout, resume=args.resume, progress=not args.no_progress)
+        store=args.store, rollout_timeout=args.rollout_timeout, resume=args.resume, progress=not args.no_progress,
+        algorithm=args.algorithm, min_reward=args.min_reward, top_k_per_group=args.top_k_per_group,
+        sft_epochs=args.sft_epochs, sft_lr=args.sft_lr, sft_batch_size=args.sft_batch_size)
     return 0

@@ -47,7 +47,9 @@ def fit(app: str | Callable, tasks: str | Path, reward: str | Callable, base_mod
         raise MarftError(f"fit options: {e}") from None
     from .ranks import TrainStep, rank_and_world
 
-    rank, _ = rank_and_world()
+    rank, world = rank_and_world()
+    if world > 1 and s.algorithm != "ppo":
+        raise MarftError(f"--algorithm {s.algorithm} runs in one process; under torchrun use --algorithm ppo")
     if rank != 0:  # torchrun: the other ranks train what rank 0 broadcasts
         from ..store import TraceStore
 
@@ -211,12 +213,28 @@ class _Fit:
         _check_trainable(trainable, s.agents)
         journal["phase"] = "training"
         self._write_journal(journal)  # a kill from here to "publishing" reruns the iteration
-        metrics = self.step.train([e.id for e in trainable], self.dir / "candidate", episodes=trainable)
+        metrics = self._update(it, outcomes, trainable)
+        if metrics.get("kept_rollouts", 0) is None:  # expert iteration kept nothing: no update, nothing published
+            self.bar.print(f"iteration {it}: no rollout passed the expert-iteration bar; no update")
+            journal.update(phase="evaluating", metrics=_small(metrics), versions={},
+                           seconds=time.perf_counter() - started)
+            self._write_journal(journal)
+            return self._evaluate_and_close(journal)
         durable.fsync_tree(self.dir / "candidate")
         journal.update(phase="publishing", metrics=_small(metrics), seconds=time.perf_counter() - started,
                        sha256=_weights_sha(self.dir / "candidate" / "adapters", s.agents))
         self._write_journal(journal)  # from here on a restart finishes the iteration
         self._finish_iteration(journal)
+
+    def _update(self, it: int, outcomes: list, trainable: list) -> dict:
+        """The iteration's update; the new adapters and checkpoint in state/candidate."""
+        if self.s.algorithm == "ppo":
+            return self.step.train([e.id for e in trainable], self.dir / "candidate", episodes=trainable)
+        from . import expert
+
+        metrics = expert.update(self.step.trainer, outcomes, self.s, it, self.dir / "candidate")
+        durable.append_json_line(self.out / "metrics.jsonl", {"update": it, **metrics})  # as the trainer's rows
+        return metrics
 
     def _finish_iteration(self, journal: dict) -> None:
         """Publish (adopting what this round published before a kill), replace the accepted checkpoint,

@@ -28,8 +28,12 @@ def metrics_line(row: dict, iterations: int) -> str:
     excl = ", ".join(f"{c[k]} {k.replace('_', ' ')}" for k in ("failed", "timeout", "reward_error", "invalid")
                      if c.get(k))
     versions = " ".join(f"{a} v{v}" for a, v in row.get("versions", {}).items())
+    m = row.get("metrics") or {}
+    kept = ""
+    if m.get("algorithm") == "expert_iteration":  # how many rollouts the SFT step learned from
+        kept = f" | kept {m.get('kept_rollouts') or 0}/{m.get('rollouts', 0)} rollouts"
     return (f"iter {row['iteration']}/{iterations}: {train} on {c.get('ok', 0)} episodes"
-            f"{' (excluded: ' + excl + ')' if excl else ''} | val {row['val_reward']:.3f} ± {row['val_sem']:.3f} "
+            f"{' (excluded: ' + excl + ')' if excl else ''}{kept} | val {row['val_reward']:.3f} ± {row['val_sem']:.3f} "
             f"({row['val_n']} tasks) | {versions} | {row.get('seconds', 0.0):.1f}s")
 
 

@@ -6,9 +6,9 @@ import importlib
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import MarftError
 
@@ -35,6 +35,14 @@ class FitSettings(BaseModel):
     rollout_timeout: float | None = Field(300.0, gt=0)  # seconds per app run; None: no limit
     resume: bool = False
     progress: bool = True
+    # The update: ``ppo`` (the MARFT update of --config) or ``expert_iteration`` (expert.py: each agent
+    # fine-tuned on its own best rollouts of the iteration's groups; needs min_reward or top_k_per_group).
+    algorithm: Literal["ppo", "expert_iteration"] = "ppo"
+    min_reward: float | None = None  # expert_iteration: keep rollouts whose reward is >= this
+    top_k_per_group: int | None = Field(None, ge=1)  # expert_iteration: at most K best rollouts per task group
+    sft_epochs: int = Field(1, ge=1)  # expert_iteration: passes over the kept actions per iteration
+    sft_lr: float = Field(1e-4, gt=0)
+    sft_batch_size: int = Field(8, ge=1)  # actions per optimiser step
     # Python API only: sharing one running server and registry between runs (the demo does).
     api_key: str | None = None
     publisher: str = "vllm"  # with ``server``: "vllm" or "embedded"
@@ -42,6 +50,17 @@ class FitSettings(BaseModel):
     served: dict[str, str] | None = None  # agent -> its adapter's name on the server (default: the agent's)
     source: str = "fit"  # Episode.source of the episodes this run stores
     console: Any = None
+
+    @model_validator(mode="after")
+    def _algorithm_options(self) -> FitSettings:
+        chosen = self.min_reward is not None or self.top_k_per_group is not None
+        if self.algorithm == "expert_iteration" and not chosen:
+            raise ValueError("--algorithm expert_iteration needs --min-reward R or --top-k-per-group K "
+                             "(which rollouts each agent learns from)")
+        if self.algorithm == "ppo" and chosen:
+            raise ValueError("--min-reward and --top-k-per-group choose expert iteration's rollouts; "
+                             "pass --algorithm expert_iteration (ppo learns from every rewarded rollout)")
+        return self
 
     def served_names(self) -> dict[str, str]:
         names = {a: (self.served or {}).get(a, a) for a in self.agents}
@@ -76,7 +95,10 @@ def marft_config(s: FitSettings):
         cfg = MarftConfig(**c)
     else:
         cfg = MarftConfig.from_yaml(c)
-    return cfg.model_copy(update={"seed": s.seed, "checkpoint_every": None})
+    update: dict[str, Any] = {"seed": s.seed, "checkpoint_every": None}
+    if s.algorithm == "expert_iteration":
+        update["advantage"] = "reward"  # the trainer only holds the adapters: no critic built
+    return cfg.model_copy(update=update)
 
 
 def load_callable(spec: Any, what: str) -> Callable:

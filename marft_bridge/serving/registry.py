@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -227,7 +228,7 @@ class AdapterRegistry:
                     version=version,
                     parent=parent,
                     created_at=datetime.now(timezone.utc).isoformat(),
-                    metrics={k: float(v) for k, v in (metrics or {}).items()},
+                    metrics=_finite_numbers(metrics),
                     config=config,
                     config_hash=config_hash,
                     base_model=info.base_model,
@@ -301,3 +302,13 @@ class AdapterRegistry:
         tmp = p.with_suffix(".tmp")
         tmp.write_text(json.dumps(state))
         os.replace(tmp, p)  # atomic: readers see the old or the new state, never half of one
+
+
+def _finite_numbers(metrics: dict[str, Any] | None) -> dict[str, float]:
+    """The metrics a manifest keeps: finite numbers (a trainer's NaN ``value_loss`` without a critic, or a
+    per-agent table, has no place in ``metrics: dict[str, float]`` and would make the manifest unreadable)."""
+    out = {}
+    for k, v in (metrics or {}).items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out[k] = float(v)
+    return out

@@ -134,11 +134,12 @@ def _filter(args, **more: Any):
     """The EpisodeFilter of the filter flags, with ``more`` of its fields (limit, order, ids)."""
     from .filters import EpisodeFilter
 
-    return EpisodeFilter(source=args.source, agent=args.agent, since=_parse_time(args.since, "--since"),
-                         until=_parse_time(args.until, "--until"), has_reward=args.has_reward, **more)
+    return EpisodeFilter(source=args.source, agent=args.agent, since=parse_time(args.since, "--since"),
+                         until=parse_time(args.until, "--until"), has_reward=args.has_reward, **more)
 
 
-def _parse_time(text: str | None, flag: str) -> datetime | None:
+def parse_time(text: str | None, flag: str = "--since") -> datetime | None:
+    """An ISO date/time (UTC when it names no zone) or an age (30m, 6h, 7d) as an aware datetime."""
     if text is None:
         return None
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)

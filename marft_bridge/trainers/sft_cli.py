@@ -53,27 +53,6 @@ def add_commands(sub) -> None:
     p.set_defaults(func=_sft)
 
 
-def parse_time(text: str | None, flag: str = "--since"):
-    """An ISO date/time (UTC when it names no zone) or an age (30m, 6h, 7d) as an aware datetime."""
-    import re
-    from datetime import datetime, timedelta, timezone
-
-    from ..errors import MarftError
-
-    if text is None:
-        return None
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
-    if m:
-        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}[m.group(2)]
-        return datetime.now(timezone.utc) - timedelta(**{unit: float(m.group(1))})
-    try:
-        dt = datetime.fromisoformat(text)
-    except ValueError:
-        raise MarftError(f"{flag} {text!r}: expected an ISO date/time (2025-01-31T12:00) or an age (30m, 6h, 7d)") \
-            from None
-    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
-
-
 def load(store: str | None, episodes_file: str | None, source: str | None, since, rewarded: bool) -> tuple[list, int]:
     """(episodes, bad records skipped) from a store or a JSONL file, filtered by source and start time."""
     from datetime import timezone
@@ -102,6 +81,7 @@ def _sft(args) -> int:
     from rich.console import Console
 
     from ..errors import MarftError
+    from ..store.cli import parse_time
     from .config import MarftConfig
     from .supervised import SftConfig, sft
 
@@ -119,7 +99,7 @@ def _sft(args) -> int:
                             min_reward=args.min_reward, per_agent_reward=args.per_agent_reward, seed=args.seed)
     except ValueError as e:
         raise MarftError(f"bad option: {e}") from None
-    episodes, bad = load(args.store, args.episodes, args.source, parse_time(args.since),
+    episodes, bad = load(args.store, args.episodes, args.source, parse_time(args.since, "--since"),
                          args.min_reward is not None and not args.per_agent_reward)
     if bad:
         console.print(f"{bad} bad records skipped (over the limits or invalid; see the warnings)")

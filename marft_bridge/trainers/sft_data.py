@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from ..adapter_names import adapter_name
@@ -127,8 +127,11 @@ def _episode_bar(ep: Episode, min_reward: float | None, per_agent: bool) -> str 
 
 def build_examples(episodes: list[Episode], tokenizer, adapters: Collection[str], *, vocab_size: int,
                    max_context: int, base_names: Collection[str] = (), min_reward: float | None = None,
-                   per_agent_reward: bool = False) -> Examples:
-    """Examples per adapter in ``adapters`` (each an adapter name, see ``adapter_names.adapter_name``)."""
+                   per_agent_reward: bool = False, name_of: Callable[[Action], str | None] | None = None,
+                   keep: Callable[[Episode, Action], bool] | None = None) -> Examples:
+    """Examples per adapter in ``adapters`` (each an adapter name, see ``adapter_names.adapter_name``).
+    ``name_of``: another attribution rule (``batch.trained_name``: the RL trainer's); ``keep``: only
+    the actions it accepts (expert iteration's kept rollouts; the others counted ``not_kept``)."""
     adapters = set(adapters)
     out: dict[str, list[Example]] = {a: [] for a in adapters}
     skipped: Counter = Counter()
@@ -142,9 +145,12 @@ def build_examples(episodes: list[Episode], tokenizer, adapters: Collection[str]
         for act in ep.topological_order():
             if act.kind != "llm":
                 continue
-            name = adapter_name(act, adapters)
+            name = name_of(act) if name_of is not None else adapter_name(act, adapters)
             if name not in adapters:
                 skipped["agent_not_trained"] += 1
+                continue
+            if keep is not None and not keep(ep, act):
+                skipped["not_kept"] += 1
                 continue
             if per_agent_reward and min_reward is not None:
                 r = agent_reward(ep, act.agent)

@@ -377,3 +377,40 @@ def sft(episodes: list, base_model, out, *, agents: list[str] | None = None, con
     # 5. The adapters, as `marft adapters publish` and `--init-adapters` take them.
     path = _write_adapters(out, policy)
     return SftResult(path, rows, split, dict(examples.skipped), dict(examples.flagged))
+
+
+def sft_in_place(policy, episodes: list, *, config: MarftConfig, options: SftConfig, base_names=(),
+                 name_of: Callable | None = None, keep: Callable | None = None) -> dict:
+    """Fine-tune ``policy``'s current adapters in place on these episodes' actions (expert iteration:
+    an RL trainer's policy on one round's kept rollouts). Each agent's own ``llm`` actions, rendered as
+    ``sft`` renders them (``name_of`` / ``keep``: see ``build_examples``); per adapter a fresh AdamW
+    from the weights it holds, ``options.epochs`` seeded passes, no held-out split, nothing written.
+    An adapter without a kept action is not touched (bit-identical). Returns per adapter the kept
+    actions and tokens, the last epoch's train loss and token accuracy, and the skip counts."""
+    import zlib
+
+    import torch
+
+    # 1. Examples per agent, pooled per adapter (shared-adapter modes: several agents, one adapter).
+    agents = list(policy.agents)
+    examples = build_examples(episodes, policy.tokenizer, agents, vocab_size=policy.vocab_size,
+                              max_context=policy.max_context, base_names=base_names, name_of=name_of, keep=keep)
+    by_adapter: dict[str, list[Example]] = {}
+    for agent in agents:
+        by_adapter.setdefault(policy.adapter_of[agent], []).extend(examples.by_adapter[agent])
+
+    # 2. Each adapter on its own examples only: L_sft, token mean per minibatch (see the module docstring).
+    out: dict = {"actions": {}, "tokens": {}, "loss": {}, "token_accuracy": {}, "skipped": dict(examples.skipped)}
+    for adapter, exs in by_adapter.items():
+        out["actions"][adapter], out["tokens"][adapter] = len(exs), sum(len(e.act_ids) for e in exs)
+        if not exs:
+            continue
+        opt = _optimizer(policy, adapter, options)
+        for epoch in range(1, options.epochs + 1):
+            gen = torch.Generator().manual_seed(zlib.crc32(f"{options.seed}/{adapter}/{epoch}".encode()))
+            order = torch.randperm(len(exs), generator=gen).tolist()
+            with policy.grad_mode():
+                row = _epoch(policy, adapter, exs, opt, config, options, order, lambda: None)
+        out["loss"][adapter], out["token_accuracy"][adapter] = row["loss"], row["token_accuracy"]
+        opt.zero_grad(set_to_none=True)
+    return out
