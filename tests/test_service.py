@@ -9,6 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from marft_bridge.errors import MarftError  # noqa: E402
 from marft_bridge.schema import Action, Episode, Message, Observation, Output, Policy, Reward  # noqa: E402
 from marft_bridge.service import ContinuousService, ServiceConfig  # noqa: E402
 from marft_bridge.store import TraceStore  # noqa: E402
@@ -321,3 +322,16 @@ def test_rerollout_round_killed_while_publishing_resumes_once(tmp_path, tiny_mod
     assert svc.registry.versions("second") == [1]
     decisions = [json.loads(x)["decision"] for x in (tmp_path / "svc" / "decisions.jsonl").read_text().splitlines()]
     assert decisions == ["baseline", "resume", "promote"]
+
+
+def test_a_bad_trainer_option_in_the_service_yaml_fails_at_load_naming_the_field(tmp_path):
+    # ServiceConfig.trainer is a MarftConfig: a typo is refused when the file is read, not rounds later.
+    path = tmp_path / "service.yaml"
+    path.write_text("base_model: /models/base\nagents: [planner]\ntrainer:\n  advantage: gpro\n  lr: 1.0e-5\n")
+    with pytest.raises(MarftError, match=r"trainer\.advantage: Input should be 'gae', 'grpo', 'rloo' or 'reward'"):
+        ServiceConfig.from_yaml(path)
+    path.write_text("base_model: /models/base\nagents: [planner]\ntrainer:\n  lr: 1.0e-5\n  ppo_epoch: 2\n")
+    with pytest.raises(MarftError, match=r"trainer\.ppo_epoch: Extra inputs are not permitted"):
+        ServiceConfig.from_yaml(path)
+    path.write_text("base_model: /models/base\nagents: [planner]\ntrainer:\n  lr: 1.0e-5\n")
+    assert ServiceConfig.from_yaml(path).trainer.lr == 1.0e-5
