@@ -8,8 +8,14 @@ agents (capture -> SQLite store -> trainer). After every update the exact expect
 computed by enumeration (teacher-forced passes), so curves carry no sampling noise. Arms
 (marft_bridge/benchmarks/ablation.py): untrained, MARFT-A (dependency order, M over ancestors in D,
 clipped), independent per-agent PPO (M = 1), one shared policy, HAPPO (random order, M over the
-round, unclipped), MARFT-A with fresh rollouts between agents' updates. Every arm gets the same
-episodes per iteration; the table reports each arm's optimiser steps and episodes consumed.
+round, unclipped), MARFT-A with fresh rollouts between agents' updates; and, critic-free, beside
+them (``--arms``; not in the default six): ``grpo`` (group advantages, independent agents),
+``grpo_happo`` (group advantages, HAPPO's random order and M over the round) and ``reward_happo``
+(the return as advantage, no normalisation, HAPPO's order and M). A group is one secret's rollouts:
+the group arms draw ``--group-size`` rollouts of each of episodes / group-size words (32 = 8 x 4);
+``--secrets grouped`` gives every arm those secrets (common random numbers for comparing them).
+Every arm gets the same episodes per iteration; the table reports each arm's optimiser steps and
+episodes consumed.
 
 Regimes. small-step (default): 2 PPO epochs x 1 minibatch, unmasked sampling. large-step
 (``--masked --warm-start miscoordinated --epochs 4 --minibatches 2 --target-kl 0.1``): every agent
@@ -52,7 +58,9 @@ from pathlib import Path
 
 TUNING_SEED_START = 1000
 PAIRS = [("marft_a", "independent"), ("marft_a", "shared"), ("independent", "shared"),
-         ("happo", "independent"), ("happo", "marft_a"), ("marft_a_rerollout", "marft_a")]
+         ("happo", "independent"), ("happo", "marft_a"), ("marft_a_rerollout", "marft_a"),
+         # the group arms (issue 33): estimator at fixed order/M, the critic, and M under GRPO
+         ("grpo", "independent"), ("grpo_happo", "happo"), ("reward_happo", "happo"), ("grpo_happo", "grpo")]
 
 
 def _clip(text: str) -> float | None:
@@ -89,6 +97,12 @@ def parse_args(argv=None):
                    help="stop an agent's epochs once its approx-KL exceeds this (default off; logged)")
     p.add_argument("--factor-clip", type=_clip, default=0.2, metavar="EPS|null",
                    help="MARFT-A's clip of M to [(1-eps)^n, (1+eps)^n] (default 0.2; null: unclipped)")
+    p.add_argument("--secrets", choices=["auto", "grouped", "random"], default="auto",
+                   help="auto (default): the group arms (grpo, grpo_happo, reward_happo) play grouped secrets, the "
+                   "others independent draws as before; grouped: every arm plays grouped secrets (paired with the "
+                   "group arms); random: every arm independent draws (group sizes then vary)")
+    p.add_argument("--group-size", type=int, default=4, metavar="G",
+                   help="grouped secrets: rollouts per secret word, episodes / G distinct words (default 4)")
     p.add_argument("--from-runs", default=None, metavar="JSONL",
                    help="only analyse the seeds already in this runs.jsonl (of an interrupted run)")
     p.add_argument("--compare-with", nargs="+", default=[], metavar="LABEL=JSONL",
@@ -96,11 +110,16 @@ def parse_args(argv=None):
                    "--factor-clip) joins as arms ARM@LABEL, each paired with this run's ARM (Holm over all pairs)")
     p.add_argument("--from-tuning", default=None, metavar="JSONL",
                    help="with --from-runs: the lr grid from this tuning_runs.jsonl (the rates complete on every arm)")
+    p.add_argument("--tuning-only", action="store_true",
+                   help="with --lr-grid: stop after the tuning seeds (lr-response tables, chosen rates, "
+                   "tuning_runs.jsonl, results.json); evaluate later with --from-tuning")
     p.add_argument("--quick", action="store_true",
                    help="2 hops, 2 seeds (2 tuning seeds), 2 iterations of 8 episodes, short warm start: for tests")
     args = p.parse_args(argv)
     if args.lr is not None and args.lr_grid:
         p.error("--lr and --lr-grid exclude each other")
+    if args.tuning_only and not args.lr_grid:
+        p.error("--tuning-only needs --lr-grid")
     if args.compare_with and not args.from_runs:
         p.error("--compare-with needs --from-runs (it analyses finished runs)")
     if any("=" not in c for c in args.compare_with):
@@ -156,7 +175,8 @@ def settings_of(args):
 
     regime = {k: v for k, v in (("epochs", args.epochs), ("minibatches", args.minibatches)) if v is not None}
     return RunSettings(iterations=args.iterations, episodes=args.episodes, target_kl=args.target_kl,
-                       masked=args.masked, factor_clip=args.factor_clip, **regime)
+                       masked=args.masked, factor_clip=args.factor_clip, secrets=args.secrets,
+                       group_size=args.group_size, **regime)
 
 
 def lr_grid(spec, base, arms, grid, seeds, settings, workdir, workers, log_path: Path | None = None) -> dict:
@@ -403,6 +423,9 @@ def main(argv=None) -> dict:
                            out / "tuning_runs.jsonl")
         grid_text = print_grid(grid)
         lrs = grid["chosen"]
+        if args.tuning_only:  # no evaluation: a headline needs its >= 40 evaluation seeds, run later
+            return _save(out, {"spec": spec.model_dump(), "warm_start": ws.model_dump(), "lrs": lrs,
+                               "settings": settings.model_dump(), "lr_grid": grid, "table_text": grid_text})
     else:
         lrs = {a: args.lr for a in trained}
     if args.from_runs:
@@ -427,6 +450,12 @@ def main(argv=None) -> dict:
               "table_text": grid_text + "\n\n" + text, **analysis, "runs": results}
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"results in {out / 'results.json'}, curves in {out / 'ablation.png'}")
+    return report
+
+
+def _save(out: Path, report: dict) -> dict:
+    (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"results in {out / 'results.json'}")
     return report
 
 

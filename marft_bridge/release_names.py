@@ -8,6 +8,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from .registry_state import is_agent_name
 
@@ -44,5 +45,28 @@ def routing_path(root: str | os.PathLike) -> Path:
     return Path(root) / RELEASES_DIR / ROUTING_FILE
 
 
-__all__ = ["RELEASES_DIR", "RELEASE_ID", "ROUTING_FILE", "SEP", "in_canary", "routing_path", "served_name",
-           "split_served_name"]
+def served_versions(ep: Any) -> dict[str, int]:
+    """{adapter: version} of an episode's model calls that name an adapter version."""
+    return {a.policy.name: a.policy.version for a in ep.actions
+            if a.kind == "llm" and a.policy is not None and a.policy.version is not None}
+
+
+def release_for(pinned: Any, served: dict[str, int], candidates: dict[str, dict[str, int]]) -> str | None:
+    """The release that served an episode: ``pinned`` (the release capture recorded) when it is a
+    release id, else the newest of ``candidates`` whose versions served every call in ``served``."""
+    if isinstance(pinned, str) and RELEASE_ID.match(pinned):
+        return pinned
+    for rid, versions in sorted(candidates.items(), key=lambda kv: -int(kv[0][1:])):
+        if served and all(versions.get(name) == v for name, v in served.items()):
+            return rid
+    return None
+
+
+def release_of(ep: Any, candidates: dict[str, dict[str, int]]) -> str | None:
+    """``release_for`` an episode (its ``Episode.release``, else its metadata's ``release``)."""
+    pinned = getattr(ep, "release", None) or (ep.metadata or {}).get("release")
+    return release_for(pinned, served_versions(ep), candidates)
+
+
+__all__ = ["RELEASES_DIR", "RELEASE_ID", "ROUTING_FILE", "SEP", "in_canary", "release_for", "release_of",
+           "routing_path", "served_name", "served_versions", "split_served_name"]

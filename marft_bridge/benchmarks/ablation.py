@@ -13,6 +13,20 @@ Arms (same warm start, same episodes per iteration, same seeds; ``ARMS``):
   over the agents in update order, each agent updated on episodes its predecessors' new adapters
   played (M = 1 on them).
 
+Group arms (critic-free, ``GROUP_ARMS``; issue 33): they compare the rollouts of one secret, so they
+draw *grouped* secrets, ``episodes / group_size`` distinct words each played ``group_size`` times
+(32 = 8 words x 4), and read ``Episode.group`` = (the word, its rollout index), which every arm's
+episodes carry (only group estimators read it):
+
+- ``grpo``: group-relative advantages (reward - the secret's group mean) / its std, every agent
+  independent (dependency order, M = 1), no critic;
+- ``grpo_happo``: the same advantages with HAPPO's random order and M over the round, unclipped;
+- ``reward_happo``: the return itself as the advantage (no baseline, no normalisation), no critic,
+  HAPPO's order and M.
+
+``RunSettings.secrets``: ``auto`` (grouped for the group arms, the arms before them unchanged),
+``grouped`` (every arm: common secrets for a paired comparison with the group arms) or ``random``.
+
 One iteration of a run: the instrumented LangGraph graph plays ``episodes`` episodes with the
 current adapters (captured into a SQLite store), the trainer updates from the store's episodes,
 and the exact J of the new adapters is computed. Secrets are drawn from ``Random(f"{seed}-{iteration}")``
@@ -25,6 +39,7 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -37,8 +52,12 @@ ARMS = {
     "shared": "shared policy",
     "happo": "HAPPO (random order, M over the round)",
     "marft_a_rerollout": "MARFT-A, fresh rollouts per agent",
+    "grpo": "GRPO (group advantages, independent agents, no critic)",
+    "grpo_happo": "GRPO-HAPPO (group advantages, random order, M over the round)",
+    "reward_happo": "HAPPO on the return (no critic, no normalisation)",
 }
 DEFAULT_ARMS = ["untrained", "marft_a", "independent", "shared", "happo", "marft_a_rerollout"]
+GROUP_ARMS = ["grpo", "grpo_happo", "reward_happo"]  # read Episode.group; play grouped secrets under "auto"
 # What every trained arm shares (pre-declared; only lr is tuned, per arm, on the tuning seeds).
 COMMON = {
     "ppo_epochs": 2,
@@ -68,6 +87,13 @@ class RunSettings(BaseModel):
     target_kl: float | None = Field(None, gt=0)
     masked: bool = False
     factor_clip: float | None = Field(0.2, gt=0, lt=1)  # MARFT-A's (and its rerollout's) M clip
+    # Secrets per iteration (module docstring): auto = grouped for GROUP_ARMS only, so the older arms'
+    # curves are unchanged; group_size rollouts of each of episodes / group_size distinct words.
+    secrets: Literal["auto", "grouped", "random"] = "auto"
+    group_size: int = Field(4, ge=1)
+
+    def grouped(self, arm: str) -> bool:
+        return self.secrets == "grouped" or (self.secrets == "auto" and arm in GROUP_ARMS)
 
 
 def arm_config(arm: str, spec: RelaySpec, lr: float, seed: int, settings: RunSettings | None = None):
@@ -76,12 +102,16 @@ def arm_config(arm: str, spec: RelaySpec, lr: float, seed: int, settings: RunSet
 
     st = settings or RunSettings()
     marft_a = {"agent_order": "dependency", "factor_scope": "ancestors", "factor_clip": st.factor_clip}
+    happo = {"agent_order": "random", "factor_scope": "round", "factor_clip": None}
     extra = {
         "marft_a": marft_a,
         "marft_a_rerollout": {**marft_a, "update_scheme": "rerollout"},
-        "happo": {"agent_order": "random", "factor_scope": "round", "factor_clip": None},
+        "happo": happo,
         "independent": {"agent_order": "dependency", "factor_scope": "none"},
         "shared": {"shared_adapter": True, "factor_scope": "none", "num_minibatches": st.minibatches * spec.hops},
+        "grpo": {"agent_order": "dependency", "factor_scope": "none", "advantage": "grpo"},
+        "grpo_happo": {**happo, "advantage": "grpo"},
+        "reward_happo": {**happo, "advantage": "reward", "normalize_advantages": False},
     }
     if arm not in extra:
         raise ValueError(f"arm must be one of {[a for a in ARMS if a != 'untrained']}, got {arm!r}")
@@ -89,9 +119,27 @@ def arm_config(arm: str, spec: RelaySpec, lr: float, seed: int, settings: RunSet
     return MarftConfig(**{**COMMON, **regime, **extra[arm], "lr": lr, "seed": seed})
 
 
-def secrets_for(seed: int, iteration: int, n: int) -> list[str]:
+def secrets_for(seed: int, iteration: int, n: int, group_size: int | None = None) -> list[str]:
+    """The iteration's secrets: ``n`` independent draws, or with ``group_size`` G, n / G distinct words
+    (drawn without replacement) each G times, episode k playing word k mod (n / G)."""
     rng = random.Random(f"{seed}-{iteration}")
-    return [rng.choice(WORDS) for _ in range(n)]
+    if group_size is None:
+        return [rng.choice(WORDS) for _ in range(n)]
+    tasks, rest = divmod(n, group_size)
+    if rest or tasks > len(WORDS):
+        raise ValueError(f"grouped secrets: {n} episodes are not {group_size} rollouts of at most "
+                         f"{len(WORDS)} words")
+    return rng.sample(WORDS, tasks) * group_size
+
+
+def groups_of(secrets: list[str]) -> list[tuple[str, int]]:
+    """Per episode its group (the secret word, the how-many-th rollout of that word it is)."""
+    seen: dict[str, int] = {}
+    out = []
+    for w in secrets:
+        out.append((w, seen.get(w, 0)))
+        seen[w] = seen.get(w, 0) + 1
+    return out
 
 
 def optimizer_steps(trainer) -> int:
@@ -111,6 +159,7 @@ def run_arm(spec: RelaySpec, base: str | Path, arm: str, seed: int, lr: float | 
     ``untrained`` does no work (its curve is J_0)."""
     import torch
 
+    from ..schema import EpisodeGroup
     from ..trainers.marft import MarftTrainer
     from ..trainers.rollout import RolloutPolicy
     from .exact import allowed_ids, chain_matrices, j_from_matrices, valid_mass
@@ -139,14 +188,17 @@ def run_arm(spec: RelaySpec, base: str | Path, arm: str, seed: int, lr: float | 
     curve, masses, rewards, factors, diags, consumed = [], [], [], [], [], 0
     measure()
     for it in range(settings.iterations):
-        secrets = secrets_for(seed, it, settings.episodes)
+        secrets = secrets_for(seed, it, settings.episodes, settings.group_size if settings.grouped(arm) else None)
+        groups = groups_of(secrets)
         parts = [0, 0]  # episodes played, rollouts played in this iteration
 
-        def play(policy, k, it=it, secrets=secrets, parts=parts):
+        def play(policy, k, it=it, secrets=secrets, groups=groups, parts=parts):
             sampler.policy = policy  # the trainer's adapters as they are now (a swap after each agent)
             start = parts[0]
             episodes = rollout(app, sampler, store, source, secrets[start:start + k],
                                seed * 1000 + it + 10**7 * parts[1])
+            for ep, (word, r) in zip(episodes, groups[start:start + k]):
+                ep.group = EpisodeGroup(task_id=word, rollout=r)  # in memory: what the trainer reads
             parts[0], parts[1] = start + k, parts[1] + 1
             return episodes
 
@@ -155,7 +207,8 @@ def run_arm(spec: RelaySpec, base: str | Path, arm: str, seed: int, lr: float | 
             rewards.append(m["reward_mean"])
             factors.append(m.get("factor_mean", 1.0))
             diags_it.append({"per_agent": m["per_agent"], "early_stops": m["early_stops"],
-                             **({"rerollout": m["rerollout"]} if "rerollout" in m else {})})
+                             **({"rerollout": m["rerollout"]} if "rerollout" in m else {}),
+                             **({"groups": m["group_advantage"]} if "group_advantage" in m else {})})
         consumed += parts[0]
         diags.append(diags_it)
         measure()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 from pathlib import Path
@@ -121,10 +122,24 @@ def load_callable(spec: Any, what: str) -> Callable:
         else:
             if "" not in sys.path and str(Path.cwd()) not in sys.path:
                 sys.path.insert(0, str(Path.cwd()))  # as `python -m` would: the user's modules live here
-            module = importlib.import_module(mod)
+            module = _import_current(mod)
         fn = getattr(module, name)
     except (ImportError, AttributeError) as e:
         raise MarftError(f"cannot load {what} {spec!r}: {e}") from None
     if not callable(fn):
         raise MarftError(f"{what} {spec!r} is a {type(fn).__name__}, not a function")
     return fn
+
+
+def _import_current(mod: str) -> Any:
+    """Import ``mod`` as the path finds it now: a same-named top-level module imported earlier from
+    another folder (two examples' ``app``, a notebook that changed directory) is replaced, not reused."""
+    top = mod.partition(".")[0]
+    cached = sys.modules.get(top)
+    if cached is not None and getattr(cached, "__file__", None):
+        spec = importlib.machinery.PathFinder.find_spec(top)
+        if spec is not None and spec.origin and Path(spec.origin).resolve() != Path(cached.__file__).resolve():
+            for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+                del sys.modules[name]
+    return importlib.import_module(mod)
+

@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Literal
 
-from ..release_names import RELEASE_ID
+from ..always_valid import halfwidth, mean_interval, mean_var
+from ..release_names import release_of
 
 Decision = Literal["promote", "rollback", "continue"]
-MIN_VARIANCE = 1e-6  # a floor: a first few equal rewards must not make the interval a point
 
 
 @dataclass(frozen=True)
@@ -69,20 +69,8 @@ class Moments:
         self.n, self.total, self.total_sq = self.n + 1, self.total + x, self.total_sq + x * x
 
     def mean_var(self) -> tuple[float, float]:
-        """The mean and the (n − 1) sample variance, floored at MIN_VARIANCE."""
-        m = self.total / self.n
-        var = (self.total_sq - self.n * m * m) / (self.n - 1) if self.n > 1 else 0.0
-        return m, max(var, MIN_VARIANCE)
-
-
-def _mean_var(xs) -> tuple[float, float]:
-    return Moments.of(xs).mean_var()
-
-
-def halfwidth(v: float, alpha: float, tau: float) -> float:
-    """The mSPRT interval's half-width for an estimate of variance ``v`` (see the module docstring)."""
-    t2 = tau * tau
-    return math.sqrt(v * (v + t2) / t2 * math.log((v + t2) / (v * alpha * alpha)))
+        """The mean and the (n − 1) sample variance, floored at always_valid.MIN_VARIANCE."""
+        return mean_var(self.n, self.total, self.total_sq)
 
 
 def difference_interval(canary, stable, alpha: float, tau: float) -> Interval | None:
@@ -96,15 +84,6 @@ def difference_interval(canary, stable, alpha: float, tau: float) -> Interval | 
     v = vc / canary.n + vs / stable.n
     est, h = mc - ms, halfwidth(v, alpha, tau)
     return Interval(est, est - h, est + h, canary.n, stable.n, mc, ms)
-
-
-def mean_interval(xs: list[float], alpha: float, tau: float) -> tuple[float, float, float] | None:
-    """(mean, lo, hi): the same always-valid interval for one mean (drift: a release's live reward)."""
-    if len(xs) < 2:
-        return None
-    m, v = _mean_var(xs)
-    h = halfwidth(v / len(xs), alpha, tau)
-    return m, m - h, m + h
 
 
 def decide(iv: Interval | None, *, margin: float, min_episodes: int, deadline: bool) -> tuple[Decision, str]:
@@ -142,20 +121,6 @@ def naive_z_decides(canary, stable, alpha: float, margin: float) -> bool:
 
 KEEP_LIVE = 2000  # rewarded episodes kept per release for drift (the newest)
 KEEP_RELEASES = 5  # releases whose live rewards are kept
-
-
-def release_of(ep: Any, candidates: dict[str, dict[str, int]]) -> str | None:
-    """The release that served ``ep``: the one capture pinned it to (``Episode.release``), else the
-    newest of ``candidates`` whose versions served every adapter call of it that names a version."""
-    rid = getattr(ep, "release", None) or (ep.metadata or {}).get("release")
-    if isinstance(rid, str) and RELEASE_ID.match(rid):
-        return rid
-    served = {a.policy.name: a.policy.version for a in ep.actions
-              if a.kind == "llm" and a.policy is not None and a.policy.version is not None}
-    for rid, versions in sorted(candidates.items(), key=lambda kv: -int(kv[0][1:])):
-        if served and all(versions.get(name) == v for name, v in served.items()):
-            return rid
-    return None
 
 
 class CanaryRunner:

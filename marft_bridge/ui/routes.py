@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from ..errors import MarftError
 from .episodes import EpisodeIndex, action_page, action_view, episode_view
 from .files import Runs, adapters_view
+from .releases import DEFAULT_MARGIN, LiveRewards, releases_view
 
 router = APIRouter()
 
@@ -30,6 +31,7 @@ class ViewerContext:
     state_dir: Path | None
     static: dict[str, tuple[bytes, str]]
     decode: Callable[[list[int]], list[str]] | None
+    live: LiveRewards | None = None  # made at the first /api/releases (its first look reads the store)
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -125,6 +127,16 @@ def run(name: str, request: Request):
 def adapters(request: Request):
     c = _ctx(request)
     return adapters_view(c.registry_dir, c.state_dir, c.index.served())
+
+
+@router.get("/api/releases")
+def releases(request: Request, margin: float = DEFAULT_MARGIN):
+    if not 0 <= margin < float("inf"):
+        raise MarftError("margin must be a number >= 0")
+    c = _ctx(request)
+    if c.live is None:
+        c.live = LiveRewards(c.store)
+    return releases_view(c.registry_dir, c.live, margin)
 
 
 @router.get("/api/{rest:path}")

@@ -355,10 +355,39 @@ async function renderRuns(name) {
 
 // -- adapters ------------------------------------------------------------------------------------
 
+// Releases: per team release and per agent, live reward (95% always-valid interval, n) beside the
+// gate score it was promoted on; a row is flagged "drift" when the live mean < gate − margin.
+function liveCells(x) {
+  const iv = x.interval ? `[${fmtNum(x.interval[0])}, ${fmtNum(x.interval[1])}]` : "–";
+  return [h("td", {}, fmtNum(x.live_reward)), h("td", { class: "mono" }, iv), h("td", {}, x.n), h("td", {}, fmtNum(x.gate_score)),
+    h("td", { class: x.drifted ? "err drift" : "" }, x.drifted ? "drift" : "")];
+}
+
+function releasesPanel(r) {
+  if (r.error) return h("p", { class: "err" }, `releases: ${r.error}`);
+  if (!r.releases.length) return null;
+  const cols = ["release", "agent", "version", "live reward", "95% interval", "n", "gate score", ""];
+  const rows = [];
+  for (const rel of r.releases) {
+    const tag = [rel.stable ? "stable" : null, rel.canary ? "canary" : null].filter(Boolean).join(", ");
+    rows.push(h("tr", { "data-release": rel.release, class: rel.stable ? "selected" : "" },
+      h("td", { class: rel.stable ? "current" : "" }, rel.release, tag ? ` (${tag})` : ""), h("td", {}, "team"), h("td", {}, ""), ...liveCells(rel)));
+    for (const a of rel.agents) {
+      rows.push(h("tr", { "data-release": rel.release, "data-agent": a.agent },
+        h("td", {}, ""), h("td", {}, a.agent), h("td", {}, `v${a.version}`), ...liveCells(a)));
+    }
+  }
+  return h("div", { class: "panel", id: "releases" }, h("h3", {}, "Releases ",
+    h("span", { class: "muted" }, `live reward vs gate score · drift when live < gate − ${r.margin}`)),
+  r.problems.map((p) => h("p", { class: "err" }, p)),
+  h("table", {}, h("tr", {}, cols.map((c) => h("th", {}, c))), rows));
+}
+
 async function renderAdapters() {
   setNav("adapters");
-  const d = await api("/api/adapters");
-  const body = [h("h2", {}, "Adapters"), h("p", { class: "muted" }, d.registry ? `registry ${d.registry}` : "no registry given")];
+  const [d, rel] = await Promise.all([api("/api/adapters"), api("/api/releases").catch((e) => ({ error: e.message }))]);
+  const body = [h("h2", {}, "Adapters"), h("p", { class: "muted" }, d.registry ? `registry ${d.registry}` : "no registry given"),
+    releasesPanel(rel)];
   for (const p of d.problems) body.push(h("p", { class: "err" }, p));
   for (const a of d.agents) {
     body.push(h("div", { class: "panel", "data-agent": a.agent }, h("h3", {}, a.agent, " ",
@@ -383,7 +412,7 @@ async function renderAdapters() {
       return h("tr", {}, h("td", {}, fmtTime(time)), h("td", {}, round ?? ""), h("td", {}, decision), h("td", {}, reason || ""),
         h("td", { class: "mono" }, Object.keys(rest).length ? JSON.stringify(rest) : ""));
     })) : h("p", { class: "muted" }, d.service_state ? "no decisions yet" : "no --service-state given"));
-  view.replaceChildren(...body);
+  view.replaceChildren(...body.filter(Boolean));
 }
 
 // -- routing -------------------------------------------------------------------------------------
