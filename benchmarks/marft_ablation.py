@@ -10,8 +10,9 @@ computed by enumeration (teacher-forced passes), so curves carry no sampling noi
 clipped), independent per-agent PPO (M = 1), one shared policy, HAPPO (random order, M over the
 round, unclipped), MARFT-A with fresh rollouts between agents' updates; and, critic-free, beside
 them (``--arms``; not in the default six): ``grpo`` (group advantages, independent agents),
-``grpo_happo`` (group advantages, HAPPO's random order and M over the round) and ``reward_happo``
-(the return as advantage, no normalisation, HAPPO's order and M). A group is one secret's rollouts:
+``grpo_happo`` (group advantages, HAPPO's random order and M over the round), ``reward_happo``
+(the return as advantage, no normalisation, HAPPO's order and M) and ``expert_iteration`` (SFT on
+each iteration's successful rollouts, no policy gradient). A group is one secret's rollouts:
 the group arms draw ``--group-size`` rollouts of each of episodes / group-size words (32 = 8 x 4);
 ``--secrets grouped`` gives every arm those secrets (common random numbers for comparing them).
 Every arm gets the same episodes per iteration; the table reports each arm's optimiser steps and
@@ -60,7 +61,9 @@ TUNING_SEED_START = 1000
 PAIRS = [("marft_a", "independent"), ("marft_a", "shared"), ("independent", "shared"),
          ("happo", "independent"), ("happo", "marft_a"), ("marft_a_rerollout", "marft_a"),
          # the group arms (issue 33): estimator at fixed order/M, the critic, and M under GRPO
-         ("grpo", "independent"), ("grpo_happo", "happo"), ("reward_happo", "happo"), ("grpo_happo", "grpo")]
+         ("grpo", "independent"), ("grpo_happo", "happo"), ("reward_happo", "happo"), ("grpo_happo", "grpo"),
+         # expert iteration (issue 36): SFT on successes against the group estimator and per-agent PPO
+         ("expert_iteration", "grpo"), ("expert_iteration", "independent")]
 
 
 def _clip(text: str) -> float | None:
@@ -98,7 +101,7 @@ def parse_args(argv=None):
     p.add_argument("--factor-clip", type=_clip, default=0.2, metavar="EPS|null",
                    help="MARFT-A's clip of M to [(1-eps)^n, (1+eps)^n] (default 0.2; null: unclipped)")
     p.add_argument("--secrets", choices=["auto", "grouped", "random"], default="auto",
-                   help="auto (default): the group arms (grpo, grpo_happo, reward_happo) play grouped secrets, the "
+                   help="auto (default): the group arms (grpo, grpo_happo, reward_happo, expert_iteration) play grouped secrets, the "
                    "others independent draws as before; grouped: every arm plays grouped secrets (paired with the "
                    "group arms); random: every arm independent draws (group sizes then vary)")
     p.add_argument("--group-size", type=int, default=4, metavar="G",
@@ -310,8 +313,8 @@ def diagnostics_of(runs: list[dict]) -> dict:
     agent updates ``target_kl`` stopped early, and the mean fraction of M factors the clip bound."""
     hops = len(runs[0]["valid_mass"][-1])
     updates = [u for r in runs for d in r["diagnostics"] for u in d]
-    agent_updates = sum(len(u["per_agent"]) for u in updates)
-    m_clip = [p["m_clipfrac"] for u in updates for p in u["per_agent"].values() if "m_clipfrac" in p]
+    agent_updates = sum(len(u.get("per_agent", {})) for u in updates)  # expert iteration: no PPO updates
+    m_clip = [p["m_clipfrac"] for u in updates for p in u.get("per_agent", {}).values() if "m_clipfrac" in p]
     return {"valid_mass": [statistics.fmean(r["valid_mass"][-1][h] for r in runs) for h in range(hops)],
             "early_stopped": sum(len(u.get("early_stops", [])) for u in updates) / max(agent_updates, 1),
             "m_clipfrac": statistics.fmean(m_clip) if m_clip else 0.0}

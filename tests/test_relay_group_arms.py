@@ -1,6 +1,7 @@
-"""The relay's critic-free group arms (issue 33): grpo, grpo_happo, reward_happo. Each short arm-run
-plays grouped secrets (episodes / 4 words x 4 rollouts), its episodes carry (word, rollout) groups
-of 4, no critic is built, and the arm's config is the one the protocol declares."""
+"""The relay's critic-free group arms (issue 33): grpo, grpo_happo, reward_happo, and expert iteration
+(issue 36). Each short arm-run plays grouped secrets (episodes / 4 words x 4 rollouts), its episodes
+carry (word, rollout) groups of 4, no critic is built, and the arm's config is the one the protocol
+declares; expert iteration fine-tunes each agent on its actions of the successful rollouts only."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def test_group_arm_configs():
             c["grpo_happo"].factor_clip) == ("grpo", "random", "round", None)
     assert (c["reward_happo"].advantage, c["reward_happo"].agent_order, c["reward_happo"].factor_scope) == (
         "reward", "random", "round")
+    assert (c["expert_iteration"].advantage, c["expert_iteration"].factor_scope) == ("reward", "none")
     assert not any(x.critic or x.normalize_advantages for x in c.values())
     happo = ablation.arm_config("happo", spec, 1e-3, 0)  # the older arm: GAE with its critic, as before
     assert happo.critic and happo.normalize_advantages
@@ -71,7 +73,7 @@ def test_each_group_arm_runs_without_a_critic_on_groups_of_four(tmp_path, models
     settings = ablation.RunSettings(iterations=1, episodes=8)
     store = TraceStore.open(tmp_path / "traces.db")
     try:
-        for arm in ablation.GROUP_ARMS:
+        for arm in ["grpo", "grpo_happo", "reward_happo"]:
             run = ablation.run_arm(spec, base, arm, 0, 3e-3, settings, store)
             trainer, updates = seen[-1]
             assert trainer.head is None and trainer.critic_optim is None  # no critic built
@@ -85,6 +87,57 @@ def test_each_group_arm_runs_without_a_critic_on_groups_of_four(tmp_path, models
                 assert (g["groups"], g["group_size_mean"], g["group_singletons"]) == (4, 4.0, 0)
     finally:
         store.close()
+
+
+def test_expert_iteration_fine_tunes_each_agent_on_its_successful_rollouts_only(tmp_path, models, monkeypatch):
+    import math
+
+    from marft_bridge.store import TraceStore
+    from marft_bridge.trainers import marft, supervised
+
+    calls = []  # per sft_in_place call: {(episode id, agent) kept}, the trainer
+    real = supervised.sft_in_place
+
+    def recording(policy, episodes, **kw):
+        calls.append({(ep.id, a.agent) for ep in episodes for a in ep.actions if a.kind == "llm" and kw["keep"](ep, a)})
+        return real(policy, episodes, **kw)
+
+    trainers = []
+
+    class Recording(marft.MarftTrainer):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            trainers.append(self)
+
+        def train_on(self, episodes, agents=None):
+            raise AssertionError("expert iteration takes no policy-gradient step")
+
+    monkeypatch.setattr(supervised, "sft_in_place", recording)
+    monkeypatch.setattr(marft, "MarftTrainer", Recording)
+    spec = RelaySpec(hops=2)
+    base = warm_start(spec, models, WarmStartConfig(steps=100))
+    settings = ablation.RunSettings(iterations=2, episodes=8, epochs=3)
+    store = TraceStore.open(tmp_path / "traces.db")
+    try:
+        run = ablation.run_arm(spec, base, "expert_iteration", 0, 3e-3, settings, store)
+        stored = {ep.id: ep for ep in store.episodes(source="relay/expert_iteration/s0")}
+    finally:
+        store.close()
+    (trainer,) = trainers
+    assert trainer.head is None and trainer.critic_optim is None  # no critic built
+    assert len(calls) == 2 and len(run["j"]) == 3 and run["episodes"] == 16
+    steps = 0
+    for it, kept in enumerate(calls):
+        d = run["diagnostics"][it][0]
+        wins = {eid for eid, _ in kept}
+        assert all(stored[eid].team_reward() == 1.0 for eid in wins)  # successes only
+        assert d["kept_rollouts"] == len(wins)
+        assert {a for _, a in kept} <= set(spec.agents) and len(kept) == len(wins) * len(spec.agents)
+        assert sum(d["kept_actions"].values()) == len(kept)  # each agent on its own actions of the wins
+        steps += sum(math.ceil(n / ablation.EI_BATCH) * settings.epochs for n in d["kept_actions"].values())
+    played = [ep for ep in stored.values()]
+    assert sum(1 for ep in played if ep.team_reward() == 1.0) == sum(len({e for e, _ in k}) for k in calls)
+    assert run["optimizer_steps"] == steps > 0
 
 
 def test_the_cli_selects_the_group_arms_and_can_stop_after_tuning(tmp_path, models):

@@ -22,7 +22,12 @@ episodes carry (only group estimators read it):
   independent (dependency order, M = 1), no critic;
 - ``grpo_happo``: the same advantages with HAPPO's random order and M over the round, unclipped;
 - ``reward_happo``: the return itself as the advantage (no baseline, no normalisation), no critic,
-  HAPPO's order and M.
+  HAPPO's order and M;
+- ``expert_iteration`` (issue 36): no policy gradient: each iteration every agent's adapter is
+  fine-tuned from where it stands with the SFT loss on its own actions of that iteration's
+  successful rollouts (reward 1: every success of every secret's group kept), ``--epochs`` passes in
+  batches of ``EI_BATCH`` actions (``trainers.supervised.sft_in_place``, as ``marft fit --algorithm
+  expert_iteration --min-reward 1`` does); its lr is the SFT rate, tuned on the same grid.
 
 ``RunSettings.secrets``: ``auto`` (grouped for the group arms, the arms before them unchanged),
 ``grouped`` (every arm: common secrets for a paired comparison with the group arms) or ``random``.
@@ -55,9 +60,11 @@ ARMS = {
     "grpo": "GRPO (group advantages, independent agents, no critic)",
     "grpo_happo": "GRPO-HAPPO (group advantages, random order, M over the round)",
     "reward_happo": "HAPPO on the return (no critic, no normalisation)",
+    "expert_iteration": "expert iteration (SFT on each secret's successful rollouts)",
 }
 DEFAULT_ARMS = ["untrained", "marft_a", "independent", "shared", "happo", "marft_a_rerollout"]
-GROUP_ARMS = ["grpo", "grpo_happo", "reward_happo"]  # read Episode.group; play grouped secrets under "auto"
+GROUP_ARMS = ["grpo", "grpo_happo", "reward_happo", "expert_iteration"]  # play grouped secrets under "auto"
+EI_BATCH = 8  # expert iteration: actions per SFT optimiser step (8 steps per agent at ~16 kept, 4 epochs)
 # What every trained arm shares (pre-declared; only lr is tuned, per arm, on the tuning seeds).
 COMMON = {
     "ppo_epochs": 2,
@@ -112,6 +119,7 @@ def arm_config(arm: str, spec: RelaySpec, lr: float, seed: int, settings: RunSet
         "grpo": {"agent_order": "dependency", "factor_scope": "none", "advantage": "grpo"},
         "grpo_happo": {**happo, "advantage": "grpo"},
         "reward_happo": {**happo, "advantage": "reward", "normalize_advantages": False},
+        "expert_iteration": {"agent_order": "dependency", "factor_scope": "none", "advantage": "reward"},  # no critic
     }
     if arm not in extra:
         raise ValueError(f"arm must be one of {[a for a in ARMS if a != 'untrained']}, got {arm!r}")
@@ -185,7 +193,7 @@ def run_arm(spec: RelaySpec, base: str | Path, arm: str, seed: int, lr: float | 
         curve.append(j_from_matrices(mats))
         masses.append(valid_mass(mats))
 
-    curve, masses, rewards, factors, diags, consumed = [], [], [], [], [], 0
+    curve, masses, rewards, factors, diags, consumed, sft_steps = [], [], [], [], [], 0, 0
     measure()
     for it in range(settings.iterations):
         secrets = secrets_for(seed, it, settings.episodes, settings.group_size if settings.grouped(arm) else None)
@@ -203,7 +211,13 @@ def run_arm(spec: RelaySpec, base: str | Path, arm: str, seed: int, lr: float | 
             return episodes
 
         diags_it: list = []
-        for m in trainer.iteration(play, settings.episodes):
+        if arm == "expert_iteration":
+            m = expert_step(trainer, play(RolloutPolicy(trainer), settings.episodes), settings, lr, seed, it)
+            sft_steps += m.pop("optimizer_steps")
+            rewards.append(m["reward_mean"])
+            factors.append(1.0)
+            diags_it.append(m)
+        for m in ([] if arm == "expert_iteration" else trainer.iteration(play, settings.episodes)):
             rewards.append(m["reward_mean"])
             factors.append(m.get("factor_mean", 1.0))
             diags_it.append({"per_agent": m["per_agent"], "early_stops": m["early_stops"],
@@ -213,9 +227,30 @@ def run_arm(spec: RelaySpec, base: str | Path, arm: str, seed: int, lr: float | 
         diags.append(diags_it)
         measure()
     return {"arm": arm, "seed": seed, "lr": lr, "j": curve, "train_reward": rewards,
-            "optimizer_steps": optimizer_steps(trainer), "episodes": consumed,
+            "optimizer_steps": optimizer_steps(trainer) + sft_steps, "episodes": consumed,
             "seconds": time.perf_counter() - started, "factor_mean": factors, "valid_mass": masses,
             "diagnostics": diags}
+
+
+def expert_step(trainer, episodes: list, st: RunSettings, lr: float, seed: int, iteration: int) -> dict:
+    """Expert iteration's update on one iteration's episodes (the module docstring): each agent's own
+    actions of the successful rollouts, SFT from the adapters as they stand; returns its metrics."""
+    import math
+
+    from ..trainers.batch import trained_name
+    from ..trainers.supervised import SftConfig, sft_in_place
+
+    agents = set(trainer.agents)
+    rewards = [ep.team_reward() or 0.0 for ep in episodes]
+    kept = {ep.id for ep, r in zip(episodes, rewards) if r >= 1.0}
+    options = SftConfig(epochs=st.epochs, lr=lr, batch_size=EI_BATCH, val_fraction=0.0,
+                        seed=seed * 1_000_003 + iteration)
+    step = sft_in_place(trainer.policy, episodes, config=trainer.config, options=options,
+                        base_names=trainer.base_names, name_of=lambda a: trained_name(a, agents),
+                        keep=lambda ep, a: ep.id in kept)
+    steps = sum(math.ceil(n / EI_BATCH) * st.epochs for n in step["actions"].values())
+    return {"reward_mean": sum(rewards) / max(len(rewards), 1), "kept_rollouts": len(kept),
+            "kept_actions": step["actions"], "sft_loss": step["loss"], "optimizer_steps": steps}
 
 
 def warm_imports(base: str | Path) -> float:
