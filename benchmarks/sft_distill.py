@@ -14,7 +14,14 @@ error rate ``--warm-plan-error``). Evaluation: the held-out questions (disjoint 
 split), planner then solver with the student's adapters, greedy and at T=0.7 (``--eval-samples``
 sampled runs of each question).
 
+With ``--fit-iterations N``, each seed then runs ``marft fit`` twice on the student at the same
+episode budget (N iterations of ``--fit-tasks`` tasks x ``--fit-group-size`` rollouts, the demo's
+trainer settings, the same seed): once from the SFT adapters (``init_adapters``), once from the plain
+warm start; both final adapters are evaluated on the held-out questions, and the paired difference
+(from SFT − from the warm start) is reported with its 95% t interval over the seeds.
+
     python benchmarks/sft_distill.py --out /tmp/sft-distill --seeds 0 1 2
+    python benchmarks/sft_distill.py --out /tmp/sft-fit --seeds 0 1 2 --fit-iterations 6
 
 Prints one JSON object (also written to OUT/results.json).
 """
@@ -113,6 +120,39 @@ def evaluate(base: Path, adapters: Path | None, heldout, samples: int, seed: int
             "t0.7_plan": statistics.mean(r.plan_accuracy for r in sampled)}
 
 
+def fit_arm(base: Path, init: Path | None, out: Path, seed: int, splits, args) -> dict:
+    """``marft fit`` of the demo app on the student, from ``init`` (SFT adapters) or the warm start."""
+    import marft_bridge as mb
+    from marft_bridge.demo import app as demo_app
+    from marft_bridge.demo import task
+    from marft_bridge.demo.run import DemoSettings
+
+    out.mkdir(parents=True, exist_ok=True)
+    tasks, val = out / "train.jsonl", out / "val.jsonl"
+    for path, problems in ((tasks, splits.train), (val, splits.heldout[:args.fit_val])):
+        path.write_text("".join(json.dumps({"id": p.question, "question": p.question}) + "\n" for p in problems))
+
+    def build(endpoint):
+        return demo_app.build_app(endpoint.base_url, endpoint.api_key, planner_model=endpoint.model("planner"),
+                                  solver_model=endpoint.model("solver"), temperature=DemoSettings().temperature)
+
+    config = {**DemoSettings().trainer, "seed": seed, "checkpoint_every": None, "device": args.device,
+              "lora_r": args.lora_r, "lora_alpha": 2 * args.lora_r,
+              **({"init_adapters": str(init)} if init is not None else {})}
+    started = time.perf_counter()
+    mb.fit(build, tasks, lambda inputs, output: task.reward(inputs["question"], output.get("answer")), base,
+           ["planner", "solver"], out / "run", val=val, config=config, iterations=args.fit_iterations,
+           tasks_per_iteration=args.fit_tasks, group_size=args.fit_group_size, seed=seed, progress=False)
+    return {"fit_s": round(time.perf_counter() - started, 1),
+            "after": evaluate(base, out / "run" / "adapters", splits.heldout, args.eval_samples, seed)}
+
+
+def paired(runs: list[dict], key: str) -> dict:
+    from marft_bridge.benchmarks.stats import mean_interval
+
+    return mean_interval([r["fit_from_sft"]["after"][key] - r["fit_from_warm"]["after"][key] for r in runs])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -127,6 +167,11 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-samples", type=int, default=2)
     ap.add_argument("--model-cache", default=".marft/models")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--fit-iterations", type=int, default=0,
+                    help="then marft fit from the SFT adapters and from the warm start, N iterations each (0: skip)")
+    ap.add_argument("--fit-tasks", type=int, default=4, help="fit: tasks per iteration")
+    ap.add_argument("--fit-group-size", type=int, default=4, help="fit: rollouts per task")
+    ap.add_argument("--fit-val", type=int, default=20, help="fit: held-out questions its val replays each iteration")
     args = ap.parse_args(argv)
 
     from marft_bridge.demo import task
@@ -157,6 +202,9 @@ def main(argv=None) -> int:
                      "skipped": res.skipped, "flagged": res.flagged, "after": after, "sft_s": round(sft_s, 1),
                      "capture_s": round(cap["capture_s"], 1),
                      "val_token_accuracy": {a: r["val_token_accuracy"] for a, r in last.items()}})
+        if args.fit_iterations:
+            runs[-1]["fit_from_sft"] = fit_arm(base, res.adapters_dir, out / f"fit-sft-{seed}", seed, splits, args)
+            runs[-1]["fit_from_warm"] = fit_arm(base, None, out / f"fit-warm-{seed}", seed, splits, args)
         print(json.dumps(runs[-1]), file=sys.stderr)
     server.shutdown()
     summary = {k: {"mean": statistics.mean(r["after"][k] for r in runs),
@@ -165,6 +213,13 @@ def main(argv=None) -> int:
     result = {"args": vars(args), "warm_start_s": round(warm_s, 1), "student_before": before,
               "student_after": summary, "teacher_reward": statistics.mean(r["teacher_reward"] for r in runs),
               "runs": runs}
+    if args.fit_iterations:
+        result["fit"] = {"episodes_per_arm": args.fit_iterations * args.fit_tasks * args.fit_group_size,
+                         **{arm: {k: {"mean": statistics.mean(r[arm]["after"][k] for r in runs),
+                                      "sd": statistics.stdev(r[arm]["after"][k] for r in runs) if len(runs) > 1 else 0.0}
+                                  for k in ("greedy", "greedy_plan", "t0.7")}
+                            for arm in ("fit_from_sft", "fit_from_warm")},
+                         "sft_minus_warm": {k: paired(runs, k) for k in ("greedy", "greedy_plan", "t0.7")}}
     (out / "results.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
     return 0
