@@ -27,7 +27,8 @@ from packaging.utils import canonicalize_name
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 ROOT = Path(__file__).resolve().parent.parent
-APPS = ["openai-agents", "pydantic-ai-slim", "langgraph-supervisor", "langgraph-swarm", "langchain"]
+APPS = ["openai-agents", "pydantic-ai-slim", "langgraph-supervisor", "langgraph-swarm", "langchain", "smolagents",
+        "openinference-instrumentation-smolagents"]
 EXTRAS = ["langgraph", "otel", "mcp", "a2a", "serve", "dev"]  # what such apps install beside us
 
 
@@ -122,3 +123,24 @@ def test_pip_resolves_the_app_stacks_from_the_pyproject_ranges(tmp_path):
            for i in json.loads(report.read_text())["install"]}
     assert tuple(int(x) for x in got["openai-agents"].split(".")[:2]) >= (0, 24)
     assert int(got["pydantic-ai"].split(".")[0]) >= 2 and got["pydantic-ai"] == got["pydantic-ai-slim"]
+
+
+# The harnesses whose capture tests run in venvs of their own (.ci/run step 4): each resolves beside
+# marft-bridge[langgraph,otel] from the pyproject ranges, to a real release (strands-agents and
+# google-adk also have 0.0.1 placeholders a backtracking resolver can fall to).
+HARNESSES = {"deepagents": (0, 7), "google-adk": (2, 0), "strands-agents": (1, 0), "smolagents": (1, 20)}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("MARFT_TEST_PIP_RESOLVE"), reason="minutes: set MARFT_TEST_PIP_RESOLVE=1")
+@pytest.mark.parametrize("harness", sorted(HARNESSES))
+def test_pip_resolves_each_harness_beside_us_from_the_pyproject_ranges(tmp_path, harness):
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "v")], check=True)
+    report = tmp_path / "report.json"
+    cmd = [str(tmp_path / "v" / "bin" / "pip"), "install", "--dry-run", "--quiet", "--report", str(report),
+           f"{ROOT}[langgraph,otel]", harness]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-4000:]
+    got = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"]
+           for i in json.loads(report.read_text())["install"]}
+    assert tuple(int(x) for x in got[harness].split(".")[:2]) >= HARNESSES[harness], got[harness]

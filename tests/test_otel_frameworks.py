@@ -2,11 +2,10 @@
 ``transfer_to_agent``), Strands Agents (swarm ``handoff_to_agent``), smolagents through OpenInference
 (``AGENT`` spans) and the GenAI conventions 0.1.0 (a workflow keyed on ``gen_ai.agent.name``, span links).
 
-google-adk, strands-agents and smolagents do not install beside the project's pins (see the capture
-report), so each trace here is written span by span in the shape that framework's tracing code emits
-(span names, parentage, attribute keys: ADK's ``telemetry/tracing.py``, Strands' tracer,
+Each trace here is written span by span in the shape that framework's tracing code emits or has
+emitted (span names, parentage, attribute keys: ADK's ``telemetry/tracing.py``, Strands' tracer,
 ``openinference-instrumentation-smolagents``' wrappers), through the real OpenTelemetry SDK into the
-real ``EpisodeSpanProcessor``. Each D is written by hand."""
+real ``EpisodeSpanProcessor``. Each D is written by hand. The real frameworks: ``tests/test_framework_*.py``."""
 
 from __future__ import annotations
 

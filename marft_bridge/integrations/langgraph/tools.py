@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import typing
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -210,7 +211,33 @@ def _handed_state(tool: Any) -> bool:
     def other(mark: Any) -> bool:
         return mark is InjectedToolCallId or isinstance(mark, (InjectedToolCallId, InjectedStore))
 
-    return any(n not in sent and not any(other(m) for m in f.metadata) for n, f in fields.items())
+    if any(n not in sent and not any(other(m) for m in f.metadata) for n, f in fields.items()):
+        return True
+    # A tool built with its own args_schema (StructuredTool.from_function(infer_schema=False, ...):
+    # deepagents' file tools and ``task``) leaves the injected argument out of both schemas; ToolNode
+    # also reads the function's signature (a ``runtime`` parameter is injected by name), so do the same.
+    func = getattr(tool, "func", None) or getattr(tool, "coroutine", None)
+    try:
+        hints = typing.get_type_hints(func, include_extras=True) if callable(func) else {}
+    except Exception:  # noqa: BLE001 - annotations that do not resolve: what the schemas said stands
+        return False
+    return any(n not in sent and n != "return" and (n == "runtime" or _hands_state(h)) for n, h in hints.items())
+
+
+def _hands_state(hint: Any) -> bool:
+    """``ToolRuntime`` (also ``ToolRuntime[...]``), or ``Annotated[..., InjectedState(...)]``."""
+    from langgraph.prebuilt import InjectedState
+
+    try:
+        from langgraph.prebuilt import ToolRuntime
+    except ImportError:  # a LangGraph before ToolRuntime
+        ToolRuntime = None  # noqa: N806
+    if ToolRuntime is not None and (hint is ToolRuntime or typing.get_origin(hint) is ToolRuntime):
+        return True
+    if typing.get_origin(hint) is typing.Annotated:
+        base, *marks = typing.get_args(hint)
+        return _hands_state(base) or any(m is InjectedState or isinstance(m, InjectedState) for m in marks)
+    return False
 
 
 def _executed_arguments(reported: Any, asked: Any) -> tuple[Any, Any]:

@@ -12,6 +12,7 @@ from ...errors import RecordError
 from ...schema import Episode, as_record_error
 from .messages import genai_messages as _genai_messages
 from .messages import loads as _loads
+from .messages import tool_fields as _tool_fields
 from .spans import Span, node_path, span_fields, span_time
 
 
@@ -106,6 +107,23 @@ class _Flow:
         self.by_span: dict[int, str] = {}  # span id -> its action
         self.below: dict[int, int] = {}  # span id -> actions recorded below it
         self.handoffs: dict[str, str] = {}  # agent name -> the handoff tool step that named it, not yet taken
+        self.unanswered: list[tuple[str, str, Any, str]] = []  # call id, tool name, arguments, the asking call
+        self.aliases: dict[str, str] = {}  # a tool span's own call id -> the id in the model call's output
+
+    def asker(self, tool_meta: dict[str, Any]) -> str | None:
+        """The model call that asked for a tool step: by call id, else the earliest unanswered call of the
+        same tool and arguments (Google ADK gives a call the model sent without an id its own
+        ``adk-<uuid>`` on the tool span, while its model spans show ``<name>_<index>``)."""
+        cid = str(tool_meta.get("tool_call_id"))
+        if cid in self.emitted:
+            return self.emitted[cid]
+        for i, (mid, name, args, aid) in enumerate(self.unanswered):
+            if name == tool_meta.get("tool.name") and args == tool_meta.get("tool.arguments"):
+                del self.unanswered[i]
+                if tool_meta.get("tool_call_id"):
+                    self.emitted[cid], self.aliases[cid] = aid, mid
+                return aid
+        return None
 
     def note(self, n: Span, aid: str, text: str) -> None:
         self.recorded.append((n, aid, text))
@@ -131,7 +149,7 @@ def _record_span(rec: Any, n: Span, flow: _Flow) -> None:
         agent_spans = [u for u in ups if u.kind == "agent"]
         agent = _agent(n, agent_spans)
         kind, aid = n.kind, None
-        asked = flow.emitted.get(str(meta.get("tool_call_id"))) if n.kind == "tool" else None
+        asked = flow.asker(meta) if n.kind == "tool" else None
         deps = _deps(n, fields, agent_spans, flow, asked)
         extra = _opened(n, flow) + _links(n, flow)
         if n.kind != "tool":
@@ -146,8 +164,14 @@ def _record_span(rec: Any, n: Span, flow: _Flow) -> None:
     for c in (fields.get("output") or {}).get("tool_calls") or ():
         if c.get("id"):
             flow.emitted.setdefault(str(c["id"]), new_id)
+            fn = c.get("function") or {}
+            flow.unanswered.append((str(c["id"]), fn.get("name"), _loads(fn.get("arguments")), new_id))
     if kind == "tool" and meta.get("tool_call_id"):
-        flow.answered[str(meta["tool_call_id"])] = new_id
+        cid = str(meta["tool_call_id"])
+        flow.answered[cid] = new_id
+        mid = flow.aliases.get(cid, cid)
+        flow.answered[mid] = new_id
+        flow.unanswered = [u for u in flow.unanswered if u[0] != mid]
     if kind == "tool" and not n.error() and (target := handoff_target(meta)):
         flow.handoffs[target] = new_id
     flow.note(n, new_id, rec.get_action(new_id).output.text)
@@ -192,7 +216,7 @@ def _opened(n: Span, flow: _Flow) -> list[str]:
         if u.id in flow.by_span:
             out.append(flow.by_span[u.id])
         elif u.kind == "tool":
-            asked = flow.emitted.get(str(u.attrs.get("gen_ai.tool.call.id") or u.attrs.get("tool_call.id")))
+            asked = flow.asker(_tool_fields(u.attrs)["metadata"])
             if asked is not None:
                 out.append(asked)
     return out

@@ -101,13 +101,29 @@ def tool_fields(a: dict[str, Any]) -> dict[str, Any]:
     args = a.get("gen_ai.tool.call.arguments") or a.get("input.value") or a.get("gcp.vertex.agent.tool_call_args") or ""
     result = a.get("gen_ai.tool.call.result") or a.get("output.value") or a.get("gcp.vertex.agent.tool_response") or ""
     call_id = a.get("gen_ai.tool.call.id") or a.get("tool_call.id")
-    call = msgs.tool_call(call_id, name, args if args != "" else {})
     parsed = loads(args) if isinstance(args, str) else args
+    if (bound := _bound_call(parsed)) is not parsed:  # smolagents through OpenInference
+        args = parsed = bound
+    call = msgs.tool_call(call_id, name, args if args != "" else {})
     meta = {"tool.name": name, "tool.arguments": parsed if parsed is not None else args,
             **({"tool_call_id": str(call_id)} if call_id else {})}
     return {"observation": {"messages": [{"role": "assistant", "content": None, "tool_calls": [call]}]},
             "output": {"text": result if isinstance(result, str) else json.dumps(result, default=str)},
             "metadata": meta}
+
+
+def _bound_call(value: Any) -> Any:
+    """OpenInference's smolagents wrapper writes ``Tool.__call__``'s bound arguments as the tool span's
+    ``input.value`` (``{"args": [], "sanitize_inputs_outputs": true, "kwargs": {...}}``): the tool's
+    own arguments are its ``kwargs``, or its one positional argument."""
+    if isinstance(value, dict) and set(value) == {"args", "sanitize_inputs_outputs", "kwargs"}:
+        args, kwargs = value["args"] or [], value["kwargs"] or {}
+        if isinstance(args, list) and isinstance(kwargs, dict):
+            if not args:
+                return kwargs
+            if len(args) == 1 and not kwargs:
+                return args[0]
+    return value
 
 
 def offered_tools(a: dict[str, Any]) -> list[dict] | None:
@@ -118,4 +134,57 @@ def offered_tools(a: dict[str, Any]) -> list[dict] | None:
     return msgs.chat_tools([d for d in defs if isinstance(d, dict)])
 
 
-__all__ = ["genai_messages", "loads", "offered_tools", "oi_messages", "tool_fields"]
+# The per-message events of the GenAI conventions before their content moved onto the span (still what
+# Strands Agents writes unless OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental): one event per
+# input message, ``gen_ai.choice`` for the output.
+LEGACY_ROLES = {"gen_ai.system.message": "system", "gen_ai.user.message": "user",
+                "gen_ai.assistant.message": "assistant", "gen_ai.tool.message": "tool"}
+
+
+def legacy_messages(events: list[tuple[str, dict[str, Any]]]) -> tuple[list[dict], list[dict]]:
+    """``(name, attributes)`` of a span's per-message events as convention messages (role + parts): the
+    inputs, and the outputs from ``gen_ai.choice``."""
+    inputs, outputs = [], []
+    for name, attrs in events:
+        if name in LEGACY_ROLES:
+            inputs.append({"role": LEGACY_ROLES[name], "parts": _legacy_parts(attrs.get("content"), attrs)})
+        elif name == "gen_ai.choice":
+            outputs.append({"role": "assistant", "parts": _legacy_parts(attrs.get("message"), attrs),
+                            **({"finish_reason": attrs["finish_reason"]} if attrs.get("finish_reason") else {})})
+    return inputs, outputs
+
+
+def _legacy_parts(content: Any, attrs: dict[str, Any]) -> list[dict]:
+    """An event's content as parts: plain text; a message object (``content``, ``tool_calls``); or a
+    list of content blocks (``text``, ``toolUse``, ``toolResult``: Strands' and Bedrock's shape)."""
+    value = loads(content)
+    if isinstance(value, dict) and ("content" in value or "tool_calls" in value):
+        parts = [{"type": "text", "content": str(value["content"])}] if value.get("content") else []
+        for c in value.get("tool_calls") or ():
+            fn = (c.get("function") or {}) if isinstance(c, dict) else {}
+            parts.append({"type": "tool_call", "id": c.get("id"), "name": fn.get("name"),
+                          "arguments": loads(fn.get("arguments"))})
+        return parts
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list):
+        return [{"type": "text", "content": "" if content is None else str(content)}]
+    parts = []
+    for b in value:
+        if not isinstance(b, dict):
+            parts.append({"type": "text", "content": str(b)})
+        elif "text" in b:
+            parts.append({"type": "text", "content": str(b["text"])})
+        elif isinstance(b.get("toolUse"), dict):
+            u = b["toolUse"]
+            parts.append({"type": "tool_call", "id": u.get("toolUseId"), "name": u.get("name"), "arguments": u.get("input")})
+        elif isinstance(b.get("toolResult"), dict):
+            r = b["toolResult"]
+            text = "".join(str(x.get("text", "")) for x in r.get("content") or () if isinstance(x, dict))
+            parts.append({"type": "tool_call_response", "id": r.get("toolUseId"), "response": text})
+        else:
+            parts.append({"type": "text", "content": json.dumps(b, default=str)})
+    return parts
+
+
+__all__ = ["genai_messages", "legacy_messages", "loads", "offered_tools", "oi_messages", "tool_fields"]

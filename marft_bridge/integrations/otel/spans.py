@@ -4,6 +4,7 @@ its attributes as record fields, for the GenAI semantic conventions, OpenInferen
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from typing import Any
 
@@ -12,6 +13,8 @@ from .emit import SAMPLING_ATTRS as _SAMPLING
 from .messages import genai_messages as _genai_messages
 from .messages import loads as _loads
 from .messages import offered_tools as _tools
+from .messages import LEGACY_ROLES
+from .messages import legacy_messages as _legacy_messages
 from .messages import oi_messages as _oi_messages
 from .messages import tool_fields as _tool_fields
 
@@ -20,15 +23,29 @@ LLM_OPS = {"chat", "text_completion", "generate_content"}
 # The semantic conventions' event carrying a call's content when an instrumentation records it as
 # events only (gen_ai.input.messages, gen_ai.output.messages, gen_ai.system_instructions, ...).
 DETAILS_EVENT = "gen_ai.client.inference.operation.details"
+LEGACY_EVENTS = {*LEGACY_ROLES, "gen_ai.choice"}
 
 
 def span_attributes(span: Any) -> dict[str, Any]:
-    """The span's attributes, and those of its operation-details event where the span lacks them."""
+    """The span's attributes, and those of its operation-details event where the span lacks them; a
+    span with neither but the older per-message events gets its messages from those."""
     out = dict(span.attributes or {})
+    legacy = []
     for event in getattr(span, "events", None) or ():
         if event.name == DETAILS_EVENT:
             for k, v in (event.attributes or {}).items():
                 out.setdefault(k, v)
+        elif event.name in LEGACY_EVENTS:
+            legacy.append((event.name, dict(event.attributes or {})))
+    if legacy and "gen_ai.input.messages" not in out and "gen_ai.output.messages" not in out:
+        inputs, outputs = _legacy_messages(legacy)
+        if out.get("gen_ai.operation.name") == "execute_tool":  # the call's arguments in, its result out
+            for key, events in (("gen_ai.tool.call.arguments", "gen_ai.tool.message"), ("gen_ai.tool.call.result", "gen_ai.choice")):
+                body = next((a.get("content", a.get("message")) for n, a in legacy if n == events), None)
+                if body is not None:
+                    out.setdefault(key, body)
+        else:
+            out["gen_ai.input.messages"], out["gen_ai.output.messages"] = json.dumps(inputs), json.dumps(outputs)
     return out
 
 
