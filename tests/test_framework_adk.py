@@ -31,7 +31,9 @@ from google.adk.runners import InMemoryRunner  # noqa: E402
 from google.adk.tools.agent_tool import AgentTool  # noqa: E402
 from google.genai import types  # noqa: E402
 from opentelemetry import trace  # noqa: E402
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+
+from otel_views import Route, only_episode, view  # noqa: E402
 
 from marft_bridge.integrations import otel  # noqa: E402
 
@@ -55,17 +57,7 @@ class Scripted(BaseLlm):
         yield LlmResponse(content=types.Content(role="model", parts=[part]))
 
 
-class _Route(SpanProcessor):
-    """The one global provider's processor: hands each ended span to the current test's processor."""
-
-    target = None
-
-    def on_end(self, span):
-        if self.target is not None:
-            self.target.on_end(span)
-
-
-_ROUTE = _Route()
+_ROUTE = Route()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -99,18 +91,6 @@ def run(root, text):
         return [ev async for ev in runner.run_async(user_id="u", session_id=session.id, new_message=msg)]
 
     return asyncio.run(go())
-
-
-def only_episode(store):
-    store.flush()
-    (ep,) = list(store.episodes())
-    return ep
-
-
-def view(ep) -> list[tuple[str, list[str]]]:
-    """``agent:kind:text`` per action (text cut to 10), with its dependencies the same way."""
-    names = {a.id: f"{a.agent}:{a.kind}:{a.output.text[:10]}" for a in ep.actions}
-    return [(names[a.id], sorted(names[d] for d in a.depends_on)) for a in ep.actions]
 
 
 IDS = pytest.mark.parametrize("call_ids", [False, True], ids=["gemini-no-call-ids", "model-call-ids"])

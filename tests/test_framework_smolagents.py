@@ -27,6 +27,8 @@ from smolagents import Model, ToolCallingAgent, tool  # noqa: E402
 from smolagents.models import ChatMessage, ChatMessageToolCall, ChatMessageToolCallFunction  # noqa: E402
 from smolagents.monitoring import TokenUsage  # noqa: E402
 
+from otel_views import only_episode, view  # noqa: E402
+
 from marft_bridge.integrations import otel  # noqa: E402
 
 
@@ -70,18 +72,6 @@ def captured(sqlite_store, monkeypatch):
             if "generate" in c.__dict__:
                 delattr(c, "generate")
         tp.shutdown()
-
-
-def only_episode(store):
-    store.flush()
-    (ep,) = list(store.episodes())
-    return ep
-
-
-def view(ep) -> list[tuple[str, list[str]]]:
-    """``agent:kind:text`` per action (text cut to 10), with its dependencies the same way."""
-    names = {a.id: f"{a.agent}:{a.kind}:{a.output.text[:10]}" for a in ep.actions}
-    return [(names[a.id], sorted(names[d] for d in a.depends_on)) for a in ep.actions]
 
 
 @tool

@@ -35,26 +35,17 @@ if not _LEGACY and _OPT_IN not in os.environ.get("OTEL_SEMCONV_STABILITY_OPT_IN"
 pytest.importorskip("strands")
 
 from opentelemetry import trace  # noqa: E402
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from strands import Agent, tool  # noqa: E402
 from strands.models import Model  # noqa: E402
 from strands.multiagent import GraphBuilder, Swarm  # noqa: E402
 
+from otel_views import Route, only_episode, view  # noqa: E402
+
 from marft_bridge.integrations import otel  # noqa: E402
 
 
-class _Route(SpanProcessor):
-    """Strands traces through the GLOBAL tracer provider (``trace.get_tracer_provider()`` when its
-    tracer singleton is built), which can be set once per process: it routes to each test's store."""
-
-    target: SpanProcessor | None = None
-
-    def on_end(self, span):
-        if self.target is not None:
-            self.target.on_end(span)
-
-
-_ROUTE = _Route()
+_ROUTE = Route()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -109,18 +100,6 @@ class Scripted(Model):
 
 def agent(name, *turns, **kw):
     return Agent(name=name, model=Scripted(*turns), callback_handler=None, **kw)
-
-
-def only_episode(store):
-    store.flush()
-    (ep,) = list(store.episodes())
-    return ep
-
-
-def view(ep) -> list[tuple[str, list[str]]]:
-    """``agent:kind:text`` per action (text cut to 10), with its dependencies the same way."""
-    names = {a.id: f"{a.agent}:{a.kind}:{a.output.text[:10]}" for a in ep.actions}
-    return [(names[a.id], sorted(names[d] for d in a.depends_on)) for a in ep.actions]
 
 
 @tool

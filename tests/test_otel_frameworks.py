@@ -16,6 +16,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link
 
+from otel_views import only_episode, view
+
 from marft_bridge.integrations import otel
 
 J = json.dumps
@@ -25,18 +27,6 @@ def collect(store):
     tp = TracerProvider()
     tp.add_span_processor(otel.EpisodeSpanProcessor(store))
     return tp.get_tracer("app")
-
-
-def only_episode(store):
-    store.flush()
-    (ep,) = list(store.episodes())
-    return ep
-
-
-def view(ep) -> list[tuple[str, list[str]]]:
-    """``agent:kind:text`` per action (text cut to 10), with its dependencies the same way."""
-    names = {a.id: f"{a.agent}:{a.kind}:{a.output.text[:10]}" for a in ep.actions}
-    return [(names[a.id], sorted(names[d] for d in a.depends_on)) for a in ep.actions]
 
 
 def user(text):
