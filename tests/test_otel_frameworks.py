@@ -225,3 +225,36 @@ def _foreign(span):
     return ReadableSpan(name=span.name, context=span.context, parent=span.parent, attributes=attrs,
                         events=span.events, links=span.links, start_time=span.start_time, end_time=span.end_time,
                         status=span.status, kind=span.kind, resource=span.resource)
+
+
+def test_a_tool_span_without_a_call_id_running_an_agent_keeps_its_asking_call(sqlite_store):
+    """An agent as a tool whose tool span carries no call id (matched to the asking call by tool and
+    arguments): the nested agent's first call and the tool step both find the same asking call, the
+    second lookup included."""
+    tracer = collect(sqlite_store)
+    ask = {"type": "tool_call", "id": "call-1", "name": "research", "arguments": {"q": "tides"}}
+
+    def call(model, inputs, parts):
+        return tracer.start_as_current_span("chat", attributes={
+            "gen_ai.operation.name": "chat", "gen_ai.request.model": model, "gen_ai.input.messages": J(inputs),
+            "gen_ai.output.messages": J([{"role": "assistant", "parts": parts}])})
+
+    with tracer.start_as_current_span("run"):
+        with agent(tracer, "boss"):
+            with call("m", [user("why tides?")], [{"type": "text", "content": "thinking"}]):
+                pass
+            with call("m", [user("why tides?")], [ask]):
+                pass
+            with tracer.start_as_current_span("execute_tool research", attributes={
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "research",
+                    "gen_ai.tool.call.arguments": J({"q": "tides"}), "gen_ai.tool.call.result": "moon pulls"}):
+                with agent(tracer, "researcher"):
+                    with call("m", [user("tides")], [{"type": "text", "content": "moon?"}]):
+                        pass
+                    with call("m", [user("tides")], [{"type": "text", "content": "moon pulls"}]):
+                        pass
+    b0, b1, r0, r1 = "boss:llm:thinking", "boss:llm:", "boss/researcher:llm:moon?", "boss/researcher:llm:moon pulls"
+    step = "boss:tool:moon pulls"
+    got = dict(view(only_episode(sqlite_store)))
+    assert got[r0] == sorted([b0, b1])  # the enclosing agent's earlier calls, the asking one among them
+    assert got[step] == sorted([b1, r1])  # that same call (not "thinking", the agent's other call), and the answer

@@ -19,6 +19,7 @@ import sys
 from ..errors import MarftError, RecordError
 from .engine.types import DEFAULT_MAX_QUEUED
 from .http import limits as http_limits
+from .process import exit_with_parent
 
 DEFAULT_REGISTRY = os.environ.get("MARFT_REGISTRY", ".marft/adapters")
 
@@ -154,6 +155,7 @@ def _serve(args) -> int:
         print(f"marft serve: {agent} {outcome}", file=sys.stderr)
     app = create_app(engine, api_key=api_key, max_request_bytes=args.max_request_bytes)
     print(f"marft serve: {engine.base_name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    exit_with_parent()  # started by ServerProcess (marft fit, the demo): not outliving it
     try:
         http_limits.run(app, args)
     finally:

@@ -173,7 +173,9 @@ def _group_alive(pgid: int) -> bool:
 
 class ServerProcess(ManagedServer):
     """``marft serve`` as a subprocess:
-    ``with ServerProcess(base, registry, api_key="k") as srv: OpenAI(base_url=srv.base_url, ...)``."""
+    ``with ServerProcess(base, registry, api_key="k") as srv: OpenAI(base_url=srv.base_url, ...)``.
+    With ``exit_with_parent`` (the default) the server stops itself when this process dies without
+    stopping it."""
 
     name = "marft serve"
     log_prefix = "marft-serve-"
@@ -188,6 +190,7 @@ class ServerProcess(ManagedServer):
         port: int | None = None,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        exit_with_parent: bool = True,
     ):
         from .registry import AdapterRegistry
 
@@ -195,7 +198,7 @@ class ServerProcess(ManagedServer):
         if isinstance(registry, AdapterRegistry):
             registry = registry.root
         self.base_model, self.registry = str(base_model), str(registry)
-        self.env = env
+        self.env, self.exit_with_parent = env, exit_with_parent
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "marft_bridge", "serve", "--base-model", self.base_model,
@@ -205,4 +208,27 @@ class ServerProcess(ManagedServer):
         env = {**os.environ, **(self.env or {})}
         if self.api_key:
             env["MARFT_API_KEY"] = self.api_key  # not on the command line, where `ps` would show it
+        if self.exit_with_parent:
+            env[PARENT_ENV] = str(os.getpid())
         return env
+
+
+PARENT_ENV = "MARFT_EXIT_WITH_PARENT"
+
+
+def exit_with_parent(poll_s: float = 1.0) -> None:
+    """In a server started by ``ServerProcess``: SIGTERM to itself once the process that started it is
+    gone (killed with -9, say, so its ``stop()`` never ran), rather than serving on as an orphan."""
+    import threading
+
+    parent = os.environ.get(PARENT_ENV, "")
+    if not parent.isdigit():
+        return
+
+    def watch() -> None:
+        while os.getppid() == int(parent):
+            time.sleep(poll_s)
+        print(f"marft serve: the process that started it (pid {parent}) is gone; stopping", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="marft-exit-with-parent", daemon=True).start()

@@ -109,11 +109,15 @@ class _Flow:
         self.handoffs: dict[str, str] = {}  # agent name -> the handoff tool step that named it, not yet taken
         self.unanswered: list[tuple[str, str, Any, str]] = []  # call id, tool name, arguments, the asking call
         self.aliases: dict[str, str] = {}  # a tool span's own call id -> the id in the model call's output
+        self.asked: dict[int, str] = {}  # tool span id -> the model call found to have asked for it
 
-    def asker(self, tool_meta: dict[str, Any]) -> str | None:
-        """The model call that asked for a tool step: by call id, else the earliest unanswered call of the
-        same tool and arguments (Google ADK gives a call the model sent without an id its own
-        ``adk-<uuid>`` on the tool span, while its model spans show ``<name>_<index>``)."""
+    def asker(self, span_id: int, tool_meta: dict[str, Any]) -> str | None:
+        """The model call that asked for the tool span ``span_id``: by call id, else the earliest
+        unanswered call of the same tool and arguments (Google ADK gives a call the model sent without an
+        id its own ``adk-<uuid>`` on the tool span, while its model spans show ``<name>_<index>``;
+        OpenInference's smolagents tool spans carry no id). Kept per span: asked again, the same call."""
+        if span_id in self.asked:
+            return self.asked[span_id]
         cid = str(tool_meta.get("tool_call_id"))
         if cid in self.emitted:
             return self.emitted[cid]
@@ -122,6 +126,7 @@ class _Flow:
                 del self.unanswered[i]
                 if tool_meta.get("tool_call_id"):
                     self.emitted[cid], self.aliases[cid] = aid, mid
+                self.asked[span_id] = aid
                 return aid
         return None
 
@@ -149,7 +154,7 @@ def _record_span(rec: Any, n: Span, flow: _Flow) -> None:
         agent_spans = [u for u in ups if u.kind == "agent"]
         agent = _agent(n, agent_spans)
         kind, aid = n.kind, None
-        asked = flow.asker(meta) if n.kind == "tool" else None
+        asked = flow.asker(n.id, meta) if n.kind == "tool" else None
         deps = _deps(n, fields, agent_spans, flow, asked)
         extra = _opened(n, flow) + _links(n, flow)
         if n.kind != "tool":
@@ -216,7 +221,7 @@ def _opened(n: Span, flow: _Flow) -> list[str]:
         if u.id in flow.by_span:
             out.append(flow.by_span[u.id])
         elif u.kind == "tool":
-            asked = flow.asker(_tool_fields(u.attrs)["metadata"])
+            asked = flow.asker(u.id, _tool_fields(u.attrs)["metadata"])
             if asked is not None:
                 out.append(asked)
     return out
