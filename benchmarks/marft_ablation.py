@@ -66,6 +66,11 @@ PAIRS = [("marft_a", "independent"), ("marft_a", "shared"), ("independent", "sha
          ("expert_iteration", "grpo"), ("expert_iteration", "independent")]
 
 
+
+def p_text(p: float) -> str:
+    """A p-value as printed: one below what a double holds reads "< 1e-300", not 0."""
+    return "< 1e-300" if p < 1e-300 else f"{p:.3g}"
+
 def _clip(text: str) -> float | None:
     return None if text.lower() in ("null", "none") else float(text)
 
@@ -242,7 +247,7 @@ def print_grid(g: dict) -> str:
     for lr, comps in g["paired_at_lr"].items():
         lines += ["", f"| paired AUC difference at lr {float(lr):g} | mean | 95% interval | p (Holm) |", "|---|---|---|---|"]
         for name, c in comps.items():
-            lines.append(f"| {name} | {c['mean']:+.3f} | [{c['lo95']:+.3f}, {c['hi95']:+.3f}] | {c['p_holm']:.3g} |")
+            lines.append(f"| {name} | {c['mean']:+.3f} | [{c['lo95']:+.3f}, {c['hi95']:+.3f}] | {p_text(c['p_holm'])} |")
     text = "\n".join(lines)
     print(text)
     return text
@@ -347,7 +352,7 @@ def print_table(analysis: dict, arms: list[str], n: int, seconds: float, command
                   "|---|---|---|---|---|---|"]
         for name, c in comps.items():
             lines.append(f"| {name} | {c['mean']:+.3f} | [{c['lo']:+.3f}, {c['hi']:+.3f}] ({c['level']:.1%}) | "
-                         f"[{c['lo95']:+.3f}, {c['hi95']:+.3f}] | {c['p_holm']:.3g} | {'yes' if c['significant'] else 'no'} |")
+                         f"[{c['lo95']:+.3f}, {c['hi95']:+.3f}] | {p_text(c['p_holm'])} | {'yes' if c['significant'] else 'no'} |")
     text = "\n".join(lines)
     print(text)
     return text

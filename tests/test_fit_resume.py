@@ -5,7 +5,8 @@ The first kill lands between two publications of iteration 1 (the planner's v2 i
 the solver's v2 published but not yet loaded): the resume adopts both. The second comes from the reward
 function, which SIGKILLs its own process at a chosen call (a counter file shared by the runs): in the
 middle of iteration 2's rollouts, which the resume plays again. The server is owned by the test (``server=``), so a killed run
-leaves no process behind."""
+leaves no process behind. The same for PPO and for expert iteration (whose step keeps the top rollout of
+each group: every reward here is 0)."""
 
 from __future__ import annotations
 
@@ -54,14 +55,17 @@ DRIVER = textwrap.dedent("""
 
         AdapterRegistry.publish = publish
 
-    app, reward, base, out, val, url, key, resume = sys.argv[1:9]
+    app, reward, base, out, val, url, key, resume, algorithm = sys.argv[1:10]
     fit(app, "{tasks}", reward, base, ["planner", "solver"], out, val=val, iterations=2, tasks_per_iteration=2,
         group_size=2, concurrency=4, server=url, api_key=key, publisher="embedded", resume=resume == "1",
-        progress=False, config={{"ppo_epochs": 1, "num_minibatches": 1}})
+        progress=False, config={{"ppo_epochs": 1, "num_minibatches": 1}}, algorithm=algorithm,
+        **({{"top_k_per_group": 1}} if algorithm == "expert_iteration" else {{}}))
 """)
 
 
-def test_sigkill_mid_iteration_then_resume_publishes_one_version_per_agent_per_iteration(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("algorithm", ["ppo", "expert_iteration"])
+def test_sigkill_mid_iteration_then_resume_publishes_one_version_per_agent_per_iteration(tmp_path, tiny_model_dir,
+                                                                                        algorithm):
     from marft_bridge.serving import AdapterRegistry, ServerProcess
 
     (tmp_path / "reward_kill.py").write_text(REWARD)
@@ -79,7 +83,8 @@ def test_sigkill_mid_iteration_then_resume_publishes_one_version_per_agent_per_i
                    "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "KILL_PUBLISH": kill_publish}
             return subprocess.run([sys.executable, str(tmp_path / "driver.py"), f"{QUICKSTART / 'app.py'}:build_app",
                                    "reward_kill:score", str(tiny_model_dir), str(out), str(val), server.url, "k",
-                                   "1" if resume else "0"], capture_output=True, text=True, timeout=600, env=env)
+                                   "1" if resume else "0", algorithm], capture_output=True, text=True, timeout=600,
+                                  env=env)
 
         first = run(0, resume=False, kill_publish="solver:2")
         assert first.returncode == -9, first.stderr[-3000:]

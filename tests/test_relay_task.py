@@ -170,6 +170,10 @@ def test_t_distribution_and_intervals_match_tables():
     assert (ci["mean"], ci["lo"], ci["hi"]) == pytest.approx((2.5, 2.5 - half, 2.5 + half), abs=1e-5)
     w = stats.wilson(8, 10)
     assert (w["lo"], w["hi"]) == pytest.approx((0.4902, 0.9433), abs=1e-4)
+    # far tails: P(T > t) for df 1 (Cauchy) is atan(1/t)/pi; 1 - cdf would round it to 0
+    for t in (3.0, 1e10, 1e20):
+        assert stats.t_tail(t, 1) == pytest.approx(math.atan(1 / t) / math.pi, rel=1e-12)
+    assert 0 < stats.mean_interval([0.125 + 1e-4 * (k % 3) for k in range(40)])["p"] < 1e-40
 
 
 def statistics_stdev(xs):

@@ -79,8 +79,13 @@ def _betainc(a: float, b: float, x: float) -> float:
 
 
 def t_cdf(t: float, df: float) -> float:
-    tail = 0.5 * _betainc(df / 2, 0.5, df / (df + t * t))
+    tail = t_tail(abs(t), df)
     return 1.0 - tail if t >= 0 else tail
+
+
+def t_tail(t: float, df: float) -> float:
+    """P(T > t) for t >= 0, computed directly (``1 - t_cdf`` rounds to 0 below about 1e-16)."""
+    return 0.5 * _betainc(df / 2, 0.5, df / (df + t * t))
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -107,7 +112,7 @@ def mean_interval(xs: list[float], level: float = 0.95) -> dict[str, float]:
     if se == 0:
         return {"mean": mean, "lo": mean, "hi": mean, "p": 1.0 if mean == 0 else 0.0, "n": n}
     q = t_quantile(0.5 + level / 2, n - 1)
-    p = 2 * (1 - t_cdf(abs(mean) / se, n - 1))
+    p = 2 * t_tail(abs(mean) / se, n - 1)
     return {"mean": mean, "lo": mean - q * se, "hi": mean + q * se, "p": p, "n": n}
 
 
