@@ -1,10 +1,15 @@
 """Hostile input to OTel capture and to the viewer's list: looping parent ids, span metadata too deep
-to parse, ages and cursors past what a float or the store's query holds."""
+to parse, older per-message events with any content, ages and cursors past what a float or the
+store's query holds."""
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator
@@ -168,3 +173,43 @@ def test_a_span_past_the_record_limits_is_dead_lettered_beside_its_episode(tmp_p
         assert letter.record == f"otel trace {TRACE:032x} span {SELF:016x}"
         assert "2000000" in letter.reason.replace(",", "").replace("_", "")  # what it is past
         assert '"name": "chat huge"' in letter.raw and "xxxxxxxx" in letter.raw  # the span as it came
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                     lambda kids: st.lists(kids, max_size=3) | st.dictionaries(
+                         st.sampled_from(["text", "toolUse", "toolResult", "content", "tool_calls", "function",
+                                          "name", "id", "input", "arguments", "toolUseId"]), kids, max_size=3),
+                     max_leaves=8)
+class FreshIds(IdGenerator):
+    def generate_span_id(self) -> int:
+        return int.from_bytes(os.urandom(8), "big") or 1
+
+    def generate_trace_id(self) -> int:
+        return int.from_bytes(os.urandom(16), "big") or 1
+
+
+_LEGACY_EVENTS = ["gen_ai.system.message", "gen_ai.user.message", "gen_ai.assistant.message",
+                  "gen_ai.tool.message", "gen_ai.choice"]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=st.lists(st.tuples(st.sampled_from(_LEGACY_EVENTS), st.sampled_from(["content", "message"]),
+                                 _JSON.map(json.dumps) | st.text(max_size=8) | st.integers()), max_size=4),
+       tool=st.booleans())
+def test_any_older_per_message_event_content_is_read_or_kept_as_text_never_lost(sqlite_store, events, tool):
+    """The older GenAI per-message events (Strands' default) with any content: the episode is stored,
+    no capture error (was: a tool_calls entry that is not an object lost the whole trace)."""
+    recording.reset_capture_stats()
+    tp = TracerProvider(id_generator=FreshIds())  # the SDK's default draws from `random`, which hypothesis seeds
+    tp.add_span_processor(otel.EpisodeSpanProcessor(sqlite_store))
+    tracer = tp.get_tracer("hostile")
+    attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "t"} if tool else LLM
+    with tracer.start_as_current_span("invoke_agent a", attributes={"gen_ai.operation.name": "invoke_agent",
+                                                                    "gen_ai.agent.name": "a"}):
+        with tracer.start_as_current_span("step", attributes=attrs) as span:
+            for name, key, value in events:
+                span.add_event(name, {key: value})
+    sqlite_store.flush()
+    ep = sqlite_store.get_episode(format(span.get_span_context().trace_id, "032x"))
+    assert [a.kind for a in ep.actions] == ["tool" if tool else "llm"]
+    assert recording.capture_stats()["errors"] == 0

@@ -160,10 +160,12 @@ def _legacy_parts(content: Any, attrs: dict[str, Any]) -> list[dict]:
     value = loads(content)
     if isinstance(value, dict) and ("content" in value or "tool_calls" in value):
         parts = [{"type": "text", "content": str(value["content"])}] if value.get("content") else []
-        for c in value.get("tool_calls") or ():
-            fn = (c.get("function") or {}) if isinstance(c, dict) else {}
-            parts.append({"type": "tool_call", "id": c.get("id"), "name": fn.get("name"),
-                          "arguments": loads(fn.get("arguments"))})
+        calls = value.get("tool_calls")
+        for c in calls if isinstance(calls, list) else ():
+            fn = c.get("function") if isinstance(c, dict) else None
+            if isinstance(fn, dict):  # anything else is not a call we can name
+                parts.append({"type": "tool_call", "id": c.get("id"), "name": fn.get("name"),
+                              "arguments": loads(fn.get("arguments"))})
         return parts
     if isinstance(value, dict):
         value = [value]
