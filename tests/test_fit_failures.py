@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +82,27 @@ def test_failed_timed_out_and_unrewardable_rollouts_are_stored_excluded_and_coun
     assert unscored.rewards == [] and "ValueError: cannot score this one" in unscored.metadata["fit"]["error"]
     for ep in (raised, hung, unscored):  # the capture kept what ran before the failure
         assert [a.agent for a in ep.actions if a.kind == "llm"] == ["planner"]
+
+
+def test_an_embedded_server_too_slow_to_start_is_a_clear_error_and_leaves_nothing_running(tmp_path, tiny_model_dir):
+    """--server-start-timeout: past it, the server is stopped and fit ends with MarftError naming the
+    option (a tiny model cannot load in 10 ms)."""
+    from marft_bridge.errors import MarftError
+    from marft_bridge.fitting import fit
+
+    for name in ("tasks", "val"):
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps({"id": name, "question": "1+2", "mode": "ok"}) + "\n")
+    with pytest.raises(MarftError, match=r"did not become ready within 0 s.*--server-start-timeout") as e:
+        fit(build_app, tmp_path / "tasks.jsonl", reward, tiny_model_dir, ["planner"], tmp_path / "out",
+            val=tmp_path / "val.jsonl", iterations=1, tasks_per_iteration=1, group_size=1,
+            server_start_timeout=0.01, progress=False)
+    assert "loading the base model" in str(e.value)
+    registry = str(tmp_path / "out" / "registry")  # in the server's command line: this test's server only
+    assert [pid for pid in os.listdir("/proc") if pid.isdigit() and registry in _cmdline(pid)] == []
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:  # gone meanwhile
+        return ""

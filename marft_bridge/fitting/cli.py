@@ -58,6 +58,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store", metavar="URL", help="trace store URL or SQLite path (default OUT/traces.db)")
     p.add_argument("--rollout-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="an app run longer than this is stopped and stored as a failed episode (default 300)")
+    p.add_argument("--server-start-timeout", type=float, default=120.0, metavar="S",
+                   help="seconds the embedded server may take to load the base model and answer /health "
+                   "(default 120; raise it on a slow or busy machine)")
     p.add_argument("--algorithm", choices=["ppo", "expert_iteration"], default="ppo",
                    help="the update: ppo (default: the MARFT update of --config on every rewarded rollout) or "
                    "expert_iteration (rejection-sampling fine-tuning: per task group each agent keeps its best "
@@ -91,7 +94,8 @@ def _fit(args) -> int:
     fit(args.app, args.tasks, args.reward, args.base_model, args.agents, args.out, val=args.val, config=args.config,
         iterations=args.iterations, tasks_per_iteration=args.tasks_per_iteration, group_size=args.group_size,
         concurrency=args.concurrency, seed=args.seed, server=args.server, api_key_env=args.api_key_env,
-        store=args.store, rollout_timeout=args.rollout_timeout, resume=args.resume, progress=not args.no_progress,
+        store=args.store, rollout_timeout=args.rollout_timeout,
+        server_start_timeout=args.server_start_timeout, resume=args.resume, progress=not args.no_progress,
         algorithm=args.algorithm, min_reward=args.min_reward, top_k_per_group=args.top_k_per_group,
         sft_epochs=args.sft_epochs, sft_lr=args.sft_lr, sft_batch_size=args.sft_batch_size)
     return 0

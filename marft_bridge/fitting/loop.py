@@ -136,7 +136,8 @@ class _Fit:
         self.loop = asyncio.new_event_loop()
         try:
             serving = Serving(s.base_model, self.registry, server=s.server, api_key=s.api_key,
-                              api_key_env=s.api_key_env, publisher=s.publisher)  # bad options: refused first
+                              api_key_env=s.api_key_env, publisher=s.publisher,
+                              start_timeout=s.server_start_timeout)  # bad options: refused first
             self.step = TrainStep(_trainer(s), self.store)
             with serving as srv, report.Progress(self.console, s.progress) as bar:
                 self.publisher, self.bar = srv.publisher, bar

@@ -15,9 +15,10 @@ class Serving:
     """``with Serving(...) as s``: ``s.url``, ``s.api_key``, ``s.publisher``."""
 
     def __init__(self, base_model: str | Path, registry: Any, *, server: str | None = None,
-                 api_key: str | None = None, api_key_env: str | None = None, publisher: str = "vllm"):
+                 api_key: str | None = None, api_key_env: str | None = None, publisher: str = "vllm",
+                 start_timeout: float = 120.0):
         self.base_model, self.registry = base_model, registry
-        self.server, self.kind = server, publisher
+        self.server, self.kind, self.start_timeout = server, publisher, start_timeout
         if api_key_env and not server:
             raise MarftError("--api-key-env goes with --server (the embedded server gets a random key)")
         if api_key_env:
@@ -36,7 +37,8 @@ class Serving:
             from ..serving.process import ServerProcess
 
             self.api_key = secrets.token_hex(16)
-            self.process = ServerProcess(self.base_model, self.registry, api_key=self.api_key).start()
+            self.process = ServerProcess(self.base_model, self.registry, api_key=self.api_key).start(
+                timeout=self.start_timeout)
             self.url = self.process.url
             self.publisher = EmbeddedServerPublisher(self.url, self.api_key)
         else:

@@ -34,6 +34,7 @@ class FitSettings(BaseModel):
     api_key_env: str | None = None  # the environment variable holding --server's key
     store: str | None = None  # trace store URL (default: OUT/traces.db)
     rollout_timeout: float | None = Field(300.0, gt=0)  # seconds per app run; None: no limit
+    server_start_timeout: float = Field(120.0, gt=0)  # seconds the embedded server may take to start
     resume: bool = False
     progress: bool = True
     # The update: ``ppo`` (the MARFT update of --config) or ``expert_iteration`` (expert.py: each agent

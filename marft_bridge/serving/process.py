@@ -179,6 +179,7 @@ class ServerProcess(ManagedServer):
 
     name = "marft serve"
     log_prefix = "marft-serve-"
+    slow_start_hint = " (loading the base model; marft fit: raise --server-start-timeout)"
 
     def __init__(
         self,
