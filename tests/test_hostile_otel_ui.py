@@ -8,7 +8,7 @@ import json
 import os
 import threading
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -193,6 +193,8 @@ _LEGACY_EVENTS = ["gen_ai.system.message", "gen_ai.user.message", "gen_ai.assist
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@example(events=[("gen_ai.tool.message", "content", json.dumps([{"toolResult": {"toolUseId": "1", "content": 5}}]))],
+         tool=False)  # a result whose content is not a list (lost the trace before)
 @given(events=st.lists(st.tuples(st.sampled_from(_LEGACY_EVENTS), st.sampled_from(["content", "message"]),
                                  _JSON.map(json.dumps) | st.text(max_size=8) | st.integers()), max_size=4),
        tool=st.booleans())
@@ -213,3 +215,19 @@ def test_any_older_per_message_event_content_is_read_or_kept_as_text_never_lost(
     ep = sqlite_store.get_episode(format(span.get_span_context().trace_id, "032x"))
     assert [a.kind for a in ep.actions] == ["tool" if tool else "llm"]
     assert recording.capture_stats()["errors"] == 0
+
+
+def test_older_events_nested_too_deep_to_parse_lose_that_spans_text_only(sqlite_store):
+    """Content nested past what the JSON parser takes: the span is kept without that content, the error
+    counted once (``otel.legacy_events``); the episode is stored."""
+    recording.reset_capture_stats()
+    tp = TracerProvider(id_generator=FreshIds())
+    tp.add_span_processor(otel.EpisodeSpanProcessor(sqlite_store))
+    tracer = tp.get_tracer("hostile")
+    with tracer.start_as_current_span("chat", attributes=LLM) as span:
+        span.add_event("gen_ai.user.message", {"content": "[" * 100_000 + "]" * 100_000})
+        span.add_event("gen_ai.choice", {"message": json.dumps([{"text": "fine"}])})
+    sqlite_store.flush()
+    (action,) = sqlite_store.get_episode(format(span.get_span_context().trace_id, "032x")).actions
+    assert action.kind == "llm" and action.output.text == ""
+    assert recording.capture_stats()["by_where"] == {"otel.legacy_events": 1}

@@ -14,6 +14,7 @@ import json
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Link
 
 from otel_views import only_episode, view
@@ -258,3 +259,44 @@ def test_a_tool_span_without_a_call_id_running_an_agent_keeps_its_asking_call(sq
     got = dict(view(only_episode(sqlite_store)))
     assert got[r0] == sorted([b0, b1])  # the enclosing agent's earlier calls, the asking one among them
     assert got[step] == sorted([b1, r1])  # that same call (not "thinking", the agent's other call), and the answer
+
+
+def test_parallel_agents_calling_the_same_tool_without_ids_each_keep_their_own_asking_call(sqlite_store):
+    """ADK's ParallelAgent with Gemini (no call ids): both agents' model spans show ``search_0`` and
+    each tool span ADK's own id. The second agent's tool ends first; each tool step still depends on
+    its own agent's call (matched under the same agent span), not the earliest one in the trace."""
+    tracer = collect(sqlite_store)
+    ask = {"type": "tool_call", "id": "search_0", "name": "search", "arguments": {"q": "x"}}
+    t = 1_000_000_000
+
+    def span(name, parent, start, end, attrs):
+        ctx = otel_trace.set_span_in_context(parent) if parent is not None else None
+        s = tracer.start_span(name, context=ctx, start_time=t + start, attributes=attrs)
+        return s, end
+
+    root, _ = span("invoke_workflow", None, 0, 100, {"gen_ai.operation.name": "invoke_workflow"})
+    spans = [(root, 100)]
+    for who, (s0, e0, s1, e1) in {"a1": (1, 10, 20, 90), "a2": (2, 11, 21, 30)}.items():
+        ag, ae = span(f"invoke_agent {who}", root, s0, 95, {"gen_ai.operation.name": "invoke_agent",
+                                                             "gen_ai.agent.name": who})
+        llm = span("generate_content", ag, s0, e0, {
+            "gen_ai.operation.name": "generate_content", "gen_ai.request.model": "g", "gen_ai.input.messages": J(
+                [user(f"{who} asks")]), "gen_ai.output.messages": J([{"role": "assistant", "parts": [ask]}])})
+        tool = span("execute_tool search", ag, s1, e1, {
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search", "gen_ai.tool.call.id": f"adk-{who}",
+            "gen_ai.tool.call.arguments": J({"q": "x"}), "gen_ai.tool.call.result": f"found by {who}"})
+        spans += [(ag, ae), llm, tool]
+    for s, end in sorted(spans, key=lambda x: x[1]):  # each ends at its own time, earliest first
+        s.end(end_time=t + end)
+    got = dict(view(only_episode(sqlite_store)))
+    assert got["a1:tool:found by a"] == ["a1:llm:"]
+    assert got["a2:tool:found by a"] == ["a2:llm:"]
+
+
+def test_older_events_keep_a_tool_results_non_text_blocks():
+    """Strands' default events: a result's ``{"json": ...}`` block reaches the next call as JSON text."""
+    from marft_bridge.integrations.otel.messages import genai_messages, legacy_messages
+
+    result = [{"toolResult": {"toolUseId": "t1", "content": [{"json": {"temp": 72}}, {"text": " ok"}]}}]
+    inputs, _ = legacy_messages([("gen_ai.tool.message", {"content": J(result)})])
+    assert genai_messages(J(inputs)) == [{"role": "tool", "tool_call_id": "t1", "content": '{"json": {"temp": 72}} ok'}]

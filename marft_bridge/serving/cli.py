@@ -124,6 +124,7 @@ def _add_adapters(sub) -> None:
 
 
 def _serve(args) -> int:
+    exit_with_parent()  # started by ServerProcess (marft fit, the demo): not outliving it, loading included
     import torch
 
     from .engine import AdapterEngine
@@ -155,7 +156,6 @@ def _serve(args) -> int:
         print(f"marft serve: {agent} {outcome}", file=sys.stderr)
     app = create_app(engine, api_key=api_key, max_request_bytes=args.max_request_bytes)
     print(f"marft serve: {engine.base_name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    exit_with_parent()  # started by ServerProcess (marft fit, the demo): not outliving it
     try:
         http_limits.run(app, args)
     finally:

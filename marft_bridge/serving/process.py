@@ -211,6 +211,8 @@ class ServerProcess(ManagedServer):
             env["MARFT_API_KEY"] = self.api_key  # not on the command line, where `ps` would show it
         if self.exit_with_parent:
             env[PARENT_ENV] = str(os.getpid())
+        else:
+            env.pop(PARENT_ENV, None)  # not one inherited from whoever started this process
         return env
 
 
@@ -219,7 +221,8 @@ PARENT_ENV = "MARFT_EXIT_WITH_PARENT"
 
 def exit_with_parent(poll_s: float = 1.0) -> None:
     """In a server started by ``ServerProcess``: SIGTERM to itself once the process that started it is
-    gone (killed with -9, say, so its ``stop()`` never ran), rather than serving on as an orphan."""
+    gone (killed with -9, say, so its ``stop()`` never ran), rather than serving on as an orphan. POSIX
+    (``getppid`` changes when a process is re-parented)."""
     import threading
 
     parent = os.environ.get(PARENT_ENV, "")
@@ -229,7 +232,10 @@ def exit_with_parent(poll_s: float = 1.0) -> None:
     def watch() -> None:
         while os.getppid() == int(parent):
             time.sleep(poll_s)
-        print(f"marft serve: the process that started it (pid {parent}) is gone; stopping", file=sys.stderr, flush=True)
-        os.kill(os.getpid(), signal.SIGTERM)
+        try:
+            print(f"marft serve: the process that started it (pid {parent}) is gone; stopping", file=sys.stderr,
+                  flush=True)
+        finally:  # stderr may be gone with the parent
+            os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="marft-exit-with-parent", daemon=True).start()

@@ -14,6 +14,7 @@ running capture's ``LangGraphState`` (its calls in flight, its tasks), ``attach(
 from __future__ import annotations
 
 import contextvars
+import functools
 from typing import Any
 from uuid import UUID
 
@@ -21,7 +22,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 
 from ...capture_errors import capture_error, guarded
 from ...capture.recording import jsonable
-from ...schema import utcnow
+from ...capture.values import utcnow
 from .. import openai as oa
 from . import convert, tools
 from .provenance import Task
@@ -64,21 +65,24 @@ def _start(state: Any, serialized: dict | None, messages: list, run_id: UUID, me
                 or (serialized or {}).get("name") or params.get("_type") or "unknown")
     run = task.run
     attempt = node_attempt()
-    tool = tools.current_tool_run(state)  # a model call inside a tool reads what the tool read
+    # A model call inside a tool reads what the tool read (no tool running: no lookup).
+    tool = tools.current_tool_run(state) if state.tools else None
     with run.lock:
-        run.new_attempt(task, attempt)
+        if attempt > task.attempt:
+            run.new_attempt(task, attempt)
         deps = tool.deps if tool is not None and tool.task is task else run.deps_of(task)
         task.calls += 1
     # The raw openai response pairs with this call unless another call of this context is still
     # open (LangChain's generate() starts every prompt of a batch before the first ends): then
     # neither pairs.
-    open_sink = oa.RAW_SINK.get()
+    raw_sink = oa.RAW_SINK
+    open_sink = raw_sink.get()
     sink, token = None, None
     if open_sink is not None and not open_sink.done and open_sink.response is None:
         open_sink.done = True
     else:
         sink = oa.RawCall()
-        token = oa.RAW_SINK.set(sink)
+        token = raw_sink.set(sink)
     converted = [m if isinstance(m, dict) else convert.message(m) for m in messages]
     state.calls[run_id] = _Call(task, deps, converted, params, model, sink, token)
 
@@ -87,11 +91,17 @@ def node_attempt() -> int:
     """Which attempt of its LangGraph node the running call is in (1-based; LangGraph's public
     ``get_runtime().execution_info``), 1 where LangGraph does not say (outside a node, older releases)."""
     try:
-        from langgraph.runtime import get_runtime
-
-        return int(getattr(get_runtime().execution_info, "node_attempt", None) or 1)
+        return int(getattr(_get_runtime()().execution_info, "node_attempt", None) or 1)
     except Exception:  # noqa: BLE001 - no runtime here: a first attempt
         return 1
+
+
+@functools.cache
+def _get_runtime() -> Any:
+    # Imported once, not on every model call (an import statement in a hot function costs a lookup).
+    from langgraph.runtime import get_runtime
+
+    return get_runtime
 
 
 def _end(state: Any, run_id: UUID, response: Any = None, error: BaseException | None = None) -> None:
@@ -121,8 +131,10 @@ def _end(state: Any, run_id: UUID, response: Any = None, error: BaseException | 
             fields = _fields_from_generation(call, response)
         run = call.task.run
         aid = run.record(call.task, "llm", fields, call.deps, call.started)
-        tools.note_calls(run, aid, call.task.agent, (fields.get("output") or {}).get("tool_calls"))
-        if error is None and (tr := tools.current_tool_run(state)) is not None and tr.task is call.task:
+        asked = (fields.get("output") or {}).get("tool_calls")
+        if asked:
+            tools.note_calls(run, aid, call.task.agent, asked)
+        if error is None and state.tools and (tr := tools.current_tool_run(state)) is not None and tr.task is call.task:
             tr.made_inside(aid)
     except Exception as e:  # noqa: BLE001
         capture_error("langgraph.llm_end", e, call.task.run.recorder)

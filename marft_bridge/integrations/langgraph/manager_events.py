@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ...capture_errors import guarded
+from ...capture_errors import capture_error
 from ..hooks import arg
 from . import callbacks
 
@@ -38,61 +38,83 @@ def _listening(state: Any, manager: Any) -> bool:
 
 
 def _rest(kwargs: dict, *names: str) -> dict:
-    return {k: v for k, v in kwargs.items() if k not in names}
+    rest = dict(kwargs)  # a copy less the names given: a few keys, each popped in C
+    for k in names:
+        rest.pop(k, None)
+    return rest
 
 
 def _started(event: str, manager: Any, args: tuple, kwargs: dict, runs: Any) -> None:
     """Hand a start event to the handler for each run the manager made (one per prompt, one tool run)."""
     h = callbacks.HANDLER
-    serialized = arg(args, kwargs, 0, "serialized")
+    serialized = args[0] if args else kwargs.get("serialized")
     if event == "on_tool_start":
         rest = _rest(kwargs, "serialized", "input_str", "run_id", "parent_run_id", "inputs")
         h.on_tool_start(serialized, arg(args, kwargs, 1, "input_str"), run_id=runs.run_id,
                         metadata=manager.metadata, inputs=arg(args, kwargs, 4, "inputs"), **rest)
         return
-    rest = _rest(kwargs, "serialized", _STARTS[event], "run_id")
-    for item, run in zip(arg(args, kwargs, 1, _STARTS[event]) or (), runs or ()):
-        getattr(h, event)(serialized, [item], run_id=run.run_id, metadata=manager.metadata, **rest)
+    items = _STARTS[event]
+    rest = _rest(kwargs, "serialized", items, "run_id")
+    handle, metadata = getattr(h, event), manager.metadata
+    for item, run in zip((args[1] if len(args) > 1 else kwargs.get(items)) or (), runs or ()):
+        handle(serialized, [item], run_id=run.run_id, metadata=metadata, **rest)
+
+
+# The hooks catch what ``guarded`` would (an ``Exception``, counted under the same name) with a bare
+# ``try``: they run on every model call and tool run, where a context manager object per call shows.
 
 
 def _start(event: str, state: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     runs = wrapped(*args, **kwargs)
     if _listening(state, instance):
-        with guarded("langgraph.manager_start"):
+        try:
             _started(event, instance, args, kwargs, runs)
+        except Exception as e:  # noqa: BLE001 - capture must not break the app
+            capture_error("langgraph.manager_start", e)
     return runs
 
 
 async def _astart(event: str, state: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     runs = await wrapped(*args, **kwargs)
     if _listening(state, instance):
-        with guarded("langgraph.manager_start"):
+        try:
             _started(event, instance, args, kwargs, runs)
+        except Exception as e:  # noqa: BLE001
+            capture_error("langgraph.manager_start", e)
     return runs
 
 
-def _ended(event: str, state: Any, run: Any, args: tuple, kwargs: dict) -> None:
-    if (state.calls if event.startswith("on_llm") else state.tools) and _listening(state, run):
-        with guarded("langgraph.manager_end"):
-            getattr(callbacks.HANDLER, event)(arg(args, kwargs, 0, _ENDS[event]), run_id=run.run_id)
+def _ended(on_end: Any, result: str, in_flight: str, state: Any, run: Any, args: tuple, kwargs: dict) -> None:
+    # ``on_end``: the handler's method; ``in_flight``: the state's registry of its runs (calls, tools).
+    if getattr(state, in_flight) and _listening(state, run):
+        try:
+            on_end(args[0] if args else kwargs.get(result), run_id=run.run_id)
+        except Exception as e:  # noqa: BLE001
+            capture_error("langgraph.manager_end", e)
 
 
-def _end(event: str, state: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    _ended(event, state, instance, args, kwargs)
+def _end(ended: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    ended(instance, args, kwargs)
     return wrapped(*args, **kwargs)
 
 
-async def _aend(event: str, state: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    _ended(event, state, instance, args, kwargs)
+async def _aend(ended: Any, wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    ended(instance, args, kwargs)
     return await wrapped(*args, **kwargs)
 
 
 def targets(state: Any) -> list[tuple[Any, str, Any]]:
     from langchain_core.callbacks import manager as m
 
+    def ended(e: str) -> Any:  # what an end event needs, looked up once: not on every call
+        return functools.partial(_ended, getattr(callbacks.HANDLER, e), _ENDS[e],
+                                 "calls" if e.startswith("on_llm") else "tools", state)
+
     starts = (*_STARTS, "on_tool_start")
     llm_ends, tool_ends = ("on_llm_end", "on_llm_error"), ("on_tool_end", "on_tool_error")
-    owners = [(m.CallbackManager, starts, _start), (m.AsyncCallbackManager, starts, _astart),
-              (m.CallbackManagerForLLMRun, llm_ends, _end), (m.AsyncCallbackManagerForLLMRun, llm_ends, _aend),
-              (m.CallbackManagerForToolRun, tool_ends, _end), (m.AsyncCallbackManagerForToolRun, tool_ends, _aend)]
-    return [(owner, e, functools.partial(hook, e, state)) for owner, events, hook in owners for e in events]
+    out = [(owner, e, functools.partial(hook, e, state)) for owner, hook in
+           ((m.CallbackManager, _start), (m.AsyncCallbackManager, _astart)) for e in starts]
+    return out + [(owner, e, functools.partial(hook, ended(e))) for owner, events, hook in
+                  ((m.CallbackManagerForLLMRun, llm_ends, _end), (m.AsyncCallbackManagerForLLMRun, llm_ends, _aend),
+                   (m.CallbackManagerForToolRun, tool_ends, _end), (m.AsyncCallbackManagerForToolRun, tool_ends, _aend))
+                  for e in events]

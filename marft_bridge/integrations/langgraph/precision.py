@@ -48,7 +48,7 @@ class _LoopState:
     """Provenance of one Pregel loop's channels (a root graph or a subgraph)."""
 
     __slots__ = ("loop", "run", "parent", "prov", "sends", "seen", "resumed", "bubbled", "key_prov", "snapshots",
-                 "start", "answer")
+                 "start", "answer", "out_keys")
 
     def __init__(self, loop: Any, run: Any, parent: Task | None):
         self.loop = loop
@@ -68,9 +68,10 @@ class _LoopState:
         # (an agent as a tool) what that tool step read (``tools.ran_graph``).
         self.start: frozenset[str] | None = parent.deps if parent is not None else None
         self.answer: frozenset[str] | None = None  # see ``answer_provenance``
+        self.out_keys = frozenset(rd.output_keys(loop))  # the graph's output channels, read once per loop
 
     def output_provenance(self) -> frozenset[str]:
-        return pv.inputs(self.prov, rd.output_keys(self.loop)) | self.bubbled
+        return pv.inputs(self.prov, self.out_keys) | self.bubbled
 
     def answer_provenance(self) -> frozenset[str]:
         """What a caller that takes the graph's answer reads (an agent run inside a tool): the tasks
@@ -198,18 +199,20 @@ def _apply_writes(st: _LoopState) -> None:
     st.sends = {}
     tasks = st.run.state.tasks
     step: list[tuple[frozenset[str], list[str]]] = []
-    keys, answer = set(rd.output_keys(loop)), []
+    keys, answer = st.out_keys, []
     for task in loop.tasks.values():
         t = tasks.get(task.id)
         if t is None:
             continue
-        out = rd.cache_hit(st, task, t)
+        key = rd.cache_key(task)  # None: no node cache (most nodes)
+        out = rd.cache_hit(st, key, t) if key is not None else None
         if out is None:
             out = pv.task_output(t)
             if out is None:
                 record_env(t, task.writes)
                 out = frozenset(t.actions)
-            rd.fill_cache(st, task, out)
+            if key is not None:
+                rd.fill_cache(st, key, out)
         chans = []
         for ch, val in task.writes:
             if ch == _TASKS:

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
+from itertools import filterfalse, repeat
 from typing import Any
 
-from ...schema import utcnow
+from ...capture.values import utcnow
 
 Provenance = frozenset  # of action ids
 EMPTY: frozenset[str] = frozenset()
@@ -113,7 +114,7 @@ def task_output(t: Task) -> frozenset[str] | None:
 
 def inputs(prov: Mapping[str, frozenset[str]], channels: Iterable[str]) -> frozenset[str]:
     """Provenance of what a task reads: the union over the channels it reads or is triggered by."""
-    return EMPTY.union(*(prov.get(c, EMPTY) for c in channels))
+    return EMPTY.union(*map(prov.get, channels, repeat(EMPTY)))  # in C: it runs for every task
 
 
 def apply_writes(prov: dict[str, frozenset[str]], writes: Iterable[tuple[frozenset[str], Iterable[str]]],
@@ -131,7 +132,7 @@ def apply_writes(prov: dict[str, frozenset[str]], writes: Iterable[tuple[frozens
 
 
 def drop_cleared(prov: dict[str, frozenset[str]], available: Callable[[str], bool]) -> None:
-    for ch in [ch for ch in prov if not available(ch)]:
+    for ch in list(filterfalse(available, prov)):
         del prov[ch]
 
 

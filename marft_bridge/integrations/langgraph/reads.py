@@ -52,25 +52,23 @@ def packet_provenance(st: Any, packet: Any, values: dict[str, Any]) -> frozenset
     return out
 
 
-def _cache_key(task: Any) -> tuple | None:
+def cache_key(task: Any) -> tuple | None:
+    """The node cache key of a task (``CachePolicy``), None for a node without a cache."""
     key = getattr(task, "cache_key", None)
     return (tuple(key.ns), key.key) if key is not None else None
 
 
-def cache_hit(st: Any, task: Any, t: Task) -> frozenset[str] | None:
+def cache_hit(st: Any, key: tuple, t: Task) -> frozenset[str] | None:
     """A node cache hit (``CachePolicy``: LangGraph hands back the writes a run saved, the node does
-    not run): what those writes carried when a run of this episode filled the cache. None: not a
-    hit this episode saw filled."""
-    key = _cache_key(task)
-    if key is None or t.calls or t.actions or t.children or t.pushed:
+    not run): what those writes carried when a run of this episode filled the cache (``key``:
+    ``cache_key``). None: not a hit this episode saw filled."""
+    if t.calls or t.actions or t.children or t.pushed:
         return None
     return st.run.cache.get(key)
 
 
-def fill_cache(st: Any, task: Any, out: frozenset[str]) -> None:
-    key = _cache_key(task)
-    if key is not None:
-        st.run.cache[key] = out
+def fill_cache(st: Any, key: tuple, out: frozenset[str]) -> None:
+    st.run.cache[key] = out
 
 
 def held_values(children: list[Any]) -> list[tuple[dict[str, Any], dict[str, frozenset[str]]]]:

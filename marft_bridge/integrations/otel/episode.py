@@ -107,28 +107,36 @@ class _Flow:
         self.by_span: dict[int, str] = {}  # span id -> its action
         self.below: dict[int, int] = {}  # span id -> actions recorded below it
         self.handoffs: dict[str, str] = {}  # agent name -> the handoff tool step that named it, not yet taken
-        self.unanswered: list[tuple[str, str, Any, str]] = []  # call id, tool name, arguments, the asking call
+        # call id, tool name, arguments, the asking call, its agent span, its start
+        self.unanswered: list[tuple[str, Any, Any, str, int | None, int]] = []
         self.aliases: dict[str, str] = {}  # a tool span's own call id -> the id in the model call's output
         self.asked: dict[int, str] = {}  # tool span id -> the model call found to have asked for it
 
-    def asker(self, span_id: int, tool_meta: dict[str, Any]) -> str | None:
-        """The model call that asked for the tool span ``span_id``: by call id, else the earliest
-        unanswered call of the same tool and arguments (Google ADK gives a call the model sent without an
-        id its own ``adk-<uuid>`` on the tool span, while its model spans show ``<name>_<index>``;
-        OpenInference's smolagents tool spans carry no id). Kept per span: asked again, the same call."""
-        if span_id in self.asked:
-            return self.asked[span_id]
-        cid = str(tool_meta.get("tool_call_id"))
-        if cid in self.emitted:
+    def asker(self, n: Span, tool_meta: dict[str, Any]) -> str | None:
+        """The model call that asked for the tool span ``n``: by call id, else the earliest unanswered
+        call of the same tool and arguments made under the same agent span before ``n`` started (Google
+        ADK gives a call the model sent without an id its own ``adk-<uuid>`` on the tool span, while its
+        model spans show ``<name>_<index>``; OpenInference's smolagents tool spans carry no id). Kept per
+        span: asked again, the same call."""
+        if n.id in self.asked:
+            return self.asked[n.id]
+        cid = str(tool_meta["tool_call_id"]) if tool_meta.get("tool_call_id") else None
+        if cid is not None and cid in self.emitted:
             return self.emitted[cid]
-        for i, (mid, name, args, aid) in enumerate(self.unanswered):
-            if name == tool_meta.get("tool.name") and args == tool_meta.get("tool.arguments"):
+        owner = self.agent_of(n)
+        for i, (mid, name, args, aid, where, start) in enumerate(self.unanswered):
+            if (name, args, where) == (tool_meta.get("tool.name"), tool_meta.get("tool.arguments"), owner) \
+                    and start <= n.start:
                 del self.unanswered[i]
-                if tool_meta.get("tool_call_id"):
+                if cid is not None:
                     self.emitted[cid], self.aliases[cid] = aid, mid
-                self.asked[span_id] = aid
+                self.asked[n.id] = aid
                 return aid
         return None
+
+    def agent_of(self, n: Span) -> int | None:
+        """The nearest agent span above ``n`` (parallel agents' calls are told apart by it)."""
+        return next((u.id for u in self.ancestry.get(n.id, ()) if u.kind == "agent"), None)
 
     def note(self, n: Span, aid: str, text: str) -> None:
         self.recorded.append((n, aid, text))
@@ -145,6 +153,7 @@ def _record_span(rec: Any, n: Span, flow: _Flow) -> None:
     if meta.get("unknown_parts"):
         capture_error("otel.unknown_part", ValueError(
             f"message part types {sorted(set(meta['unknown_parts']))} kept as text"), rec)
+    asked = None
     if n.own:
         deps = [str(d) for d in a.get("marft.depends_on") or () if rec.get_action(str(d)) is not None]
         agent = str(a.get("gen_ai.agent.name") or "unknown")
@@ -154,7 +163,7 @@ def _record_span(rec: Any, n: Span, flow: _Flow) -> None:
         agent_spans = [u for u in ups if u.kind == "agent"]
         agent = _agent(n, agent_spans)
         kind, aid = n.kind, None
-        asked = flow.asker(n.id, meta) if n.kind == "tool" else None
+        asked = flow.asker(n, meta) if n.kind == "tool" else None
         deps = _deps(n, fields, agent_spans, flow, asked)
         extra = _opened(n, flow) + _links(n, flow)
         if n.kind != "tool":
@@ -170,13 +179,15 @@ def _record_span(rec: Any, n: Span, flow: _Flow) -> None:
         if c.get("id"):
             flow.emitted.setdefault(str(c["id"]), new_id)
             fn = c.get("function") or {}
-            flow.unanswered.append((str(c["id"]), fn.get("name"), _loads(fn.get("arguments")), new_id))
+            flow.unanswered.append((str(c["id"]), fn.get("name"), _loads(fn.get("arguments")), new_id,
+                                    flow.agent_of(n), n.start))
     if kind == "tool" and meta.get("tool_call_id"):
         cid = str(meta["tool_call_id"])
         flow.answered[cid] = new_id
         mid = flow.aliases.get(cid, cid)
         flow.answered[mid] = new_id
-        flow.unanswered = [u for u in flow.unanswered if u[0] != mid]
+        if mid == cid:  # matched by its id: that one call's entry is answered (ids like ADK's repeat)
+            flow.unanswered = [u for u in flow.unanswered if (u[0], u[3]) != (cid, asked)]
     if kind == "tool" and not n.error() and (target := handoff_target(meta)):
         flow.handoffs[target] = new_id
     flow.note(n, new_id, rec.get_action(new_id).output.text)
@@ -221,7 +232,7 @@ def _opened(n: Span, flow: _Flow) -> list[str]:
         if u.id in flow.by_span:
             out.append(flow.by_span[u.id])
         elif u.kind == "tool":
-            asked = flow.asker(u.id, _tool_fields(u.attrs)["metadata"])
+            asked = flow.asker(u, _tool_fields(u.attrs)["metadata"])
             if asked is not None:
                 out.append(asked)
     return out

@@ -55,7 +55,7 @@ from typing import Any
 from ...capture_errors import guarded
 from .emit import SpanEmitter
 from .episode import dead_letter_record, raw_span, spans_to_episode
-from .spans import Span
+from .spans import call_kind
 from ...seams import EpisodeSink
 
 
@@ -97,7 +97,7 @@ class _Assembler:
             try:
                 # Reading the spans is inside the try: a span that cannot be read (too-deep
                 # metadata) dead-letters its trace rather than losing it.
-                if not any(Span(s).kind in ("llm", "tool") for s in spans):
+                if not any(call_kind(s.attributes or {}) for s in spans):
                     return  # a trace without model or tool calls is not an episode
                 ep = spans_to_episode(spans, source=self.source, limits=getattr(self.store, "limits", None),
                                       refused=refused)

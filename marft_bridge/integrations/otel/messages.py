@@ -112,6 +112,15 @@ def tool_fields(a: dict[str, Any]) -> dict[str, Any]:
             "metadata": meta}
 
 
+
+def _block_text(block: Any) -> str:
+    """A result block as text: its ``text``, else itself as JSON (``{"json": ...}``, an image's
+    description), so nothing the tool returned is dropped."""
+    if isinstance(block, dict) and "text" in block:
+        return str(block["text"])
+    return block if isinstance(block, str) else json.dumps(block, default=str)
+
+
 def _bound_call(value: Any) -> Any:
     """OpenInference's smolagents wrapper writes ``Tool.__call__``'s bound arguments as the tool span's
     ``input.value`` (``{"args": [], "sanitize_inputs_outputs": true, "kwargs": {...}}``): the tool's
@@ -181,8 +190,9 @@ def _legacy_parts(content: Any, attrs: dict[str, Any]) -> list[dict]:
             u = b["toolUse"]
             parts.append({"type": "tool_call", "id": u.get("toolUseId"), "name": u.get("name"), "arguments": u.get("input")})
         elif isinstance(b.get("toolResult"), dict):
-            r = b["toolResult"]
-            text = "".join(str(x.get("text", "")) for x in r.get("content") or () if isinstance(x, dict))
+            r, content = b["toolResult"], b["toolResult"].get("content")
+            blocks = content if isinstance(content, list) else [] if content is None else [content]
+            text = "".join(_block_text(x) for x in blocks)
             parts.append({"type": "tool_call_response", "id": r.get("toolUseId"), "response": text})
         else:
             parts.append({"type": "text", "content": json.dumps(b, default=str)})

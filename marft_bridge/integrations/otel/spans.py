@@ -8,6 +8,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
+from ...capture_errors import capture_error
 from ...errors import RecordError
 from .emit import SAMPLING_ATTRS as _SAMPLING
 from .messages import genai_messages as _genai_messages
@@ -38,7 +39,11 @@ def span_attributes(span: Any) -> dict[str, Any]:
         elif event.name in LEGACY_EVENTS:
             legacy.append((event.name, dict(event.attributes or {})))
     if legacy and "gen_ai.input.messages" not in out and "gen_ai.output.messages" not in out:
-        inputs, outputs = _legacy_messages(legacy)
+        try:
+            inputs, outputs = _legacy_messages(legacy)
+        except (RecursionError, ValueError, TypeError, AttributeError) as e:  # this span's content only
+            capture_error("otel.legacy_events", e)
+            return out
         if out.get("gen_ai.operation.name") == "execute_tool":  # the call's arguments in, its result out
             for key, events in (("gen_ai.tool.call.arguments", "gen_ai.tool.message"), ("gen_ai.tool.call.result", "gen_ai.choice")):
                 body = next((a.get("content", a.get("message")) for n, a in legacy if n == events), None)
@@ -51,6 +56,19 @@ def span_attributes(span: Any) -> dict[str, Any]:
 
 def span_time(ns: int | None) -> datetime | None:
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc) if ns else None
+
+
+def call_kind(a: dict[str, Any]) -> str | None:
+    """``"llm"`` or ``"tool"`` for a model call's or a tool's span (ours by ``marft.kind``), else None;
+    from the span's own attributes (cheap: the intake asks it of every span of a trace)."""
+    if "marft.action.id" in a:
+        return {"llm": "llm", "tool": "tool"}.get(a.get("marft.kind"))
+    op, kind = a.get("gen_ai.operation.name"), a.get("openinference.span.kind")
+    if op in LLM_OPS or kind == "LLM":
+        return "llm"
+    if op == "execute_tool" or kind == "TOOL":
+        return "tool"
+    return None
 
 
 class Span:
@@ -74,14 +92,12 @@ class Span:
         a = self.attrs
         op = a.get("gen_ai.operation.name")
         kind = a.get("openinference.span.kind")
-        self.kind: str | None = None  # llm | tool | env | agent | workflow
         self.own = "marft.action.id" in a  # emitted by SpanEmitter: exact fields under marft.*
+        self.kind: str | None = call_kind(a)  # llm | tool | env | agent | workflow
         if self.own:
-            self.kind = {"llm": "llm", "tool": "tool"}.get(a.get("marft.kind"), "env")
-        elif op in LLM_OPS or kind == "LLM":
-            self.kind = "llm"
-        elif op == "execute_tool" or kind == "TOOL":
-            self.kind = "tool"
+            self.kind = self.kind or "env"
+        elif self.kind is not None:
+            pass
         elif op == "invoke_agent" or kind == "AGENT" or (
                 kind == "CHAIN" and self.meta.get("langgraph_node") and not str(self.meta["langgraph_node"]).startswith("__")):
             self.kind = "agent"
