@@ -78,10 +78,10 @@ from ..capture_errors import capture_stats, reset_capture_stats  # noqa: F401 - 
 from . import episode_context
 from .episode_context import CURRENT_EPISODE, current_episode
 from .messages import occurs_in, output_forms
-from ..schema import Action, Episode, Observation, Output, Policy, Reward, SamplingParams
+from ..schema import Action, Episode, Observation, Output, Policy, Reward, SamplingParams, utcnow
 from ..seams import EpisodeSink, RegistryRef
 from .values import add_episode_listener, remove_episode_listener  # noqa: F401 - public here too
-from .values import dumped, fast_id, jsonable, resolve_store, unicode_repaired, utcnow
+from .values import dumped, fast_id, jsonable, resolve_store, unicode_repaired
 
 
 # -- the recorder --------------------------------------------------------------------------------

@@ -3,12 +3,10 @@ store, JSON-safe copies of an app's values, and the time-ordered ids actions get
 
 from __future__ import annotations
 
-import functools
 import random
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import Any
 
 from ..capture_errors import guarded
@@ -102,9 +100,6 @@ def unicode_repaired(value: Any) -> Any:
         return [unicode_repaired(v) for v in value]
     return value
 
-
-# ``schema.utcnow`` without a Python frame: the capture takes several timestamps per model call.
-utcnow = functools.partial(datetime.now, timezone.utc)
 
 
 def fast_id() -> str:

@@ -22,7 +22,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 
 from ...capture_errors import capture_error, guarded
 from ...capture.recording import jsonable
-from ...capture.values import utcnow
+from ...schema import utcnow
 from .. import openai as oa
 from . import convert, tools
 from .provenance import Task
@@ -65,24 +65,21 @@ def _start(state: Any, serialized: dict | None, messages: list, run_id: UUID, me
                 or (serialized or {}).get("name") or params.get("_type") or "unknown")
     run = task.run
     attempt = node_attempt()
-    # A model call inside a tool reads what the tool read (no tool running: no lookup).
-    tool = tools.current_tool_run(state) if state.tools else None
+    tool = tools.current_tool_run(state)  # a model call inside a tool reads what the tool read
     with run.lock:
-        if attempt > task.attempt:
-            run.new_attempt(task, attempt)
+        run.new_attempt(task, attempt)
         deps = tool.deps if tool is not None and tool.task is task else run.deps_of(task)
         task.calls += 1
     # The raw openai response pairs with this call unless another call of this context is still
     # open (LangChain's generate() starts every prompt of a batch before the first ends): then
     # neither pairs.
-    raw_sink = oa.RAW_SINK
-    open_sink = raw_sink.get()
+    open_sink = oa.RAW_SINK.get()
     sink, token = None, None
     if open_sink is not None and not open_sink.done and open_sink.response is None:
         open_sink.done = True
     else:
         sink = oa.RawCall()
-        token = raw_sink.set(sink)
+        token = oa.RAW_SINK.set(sink)
     converted = [m if isinstance(m, dict) else convert.message(m) for m in messages]
     state.calls[run_id] = _Call(task, deps, converted, params, model, sink, token)
 
@@ -131,10 +128,8 @@ def _end(state: Any, run_id: UUID, response: Any = None, error: BaseException | 
             fields = _fields_from_generation(call, response)
         run = call.task.run
         aid = run.record(call.task, "llm", fields, call.deps, call.started)
-        asked = (fields.get("output") or {}).get("tool_calls")
-        if asked:
-            tools.note_calls(run, aid, call.task.agent, asked)
-        if error is None and state.tools and (tr := tools.current_tool_run(state)) is not None and tr.task is call.task:
+        tools.note_calls(run, aid, call.task.agent, (fields.get("output") or {}).get("tool_calls"))
+        if error is None and (tr := tools.current_tool_run(state)) is not None and tr.task is call.task:
             tr.made_inside(aid)
     except Exception as e:  # noqa: BLE001
         capture_error("langgraph.llm_end", e, call.task.run.recorder)

@@ -48,17 +48,7 @@ def message(m: Any) -> dict[str, Any]:
     return out
 
 
-# Every invocation parameter ``sampling`` reads. Most calls carry none of them but LangChain's
-# ``stop`` (None without stop words): that is found with one set operation, in C.
-_SAMPLING_KEYS = frozenset({"extra_body", "temperature", "top_p", "top_k", "seed", "allowed_token_ids", "max_tokens",
-                            "max_completion_tokens", "stop"})
-_STOP = frozenset({"stop"})
-
-
 def sampling(params: dict[str, Any]) -> dict[str, Any] | None:
-    present = _SAMPLING_KEYS.intersection(params)
-    if not present or (present == _STOP and params["stop"] is None):
-        return None
     extra = params.get("extra_body") or _EMPTY
     s = {}
     for k in ("temperature", "top_p", "top_k", "seed", "allowed_token_ids"):

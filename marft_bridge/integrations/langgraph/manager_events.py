@@ -47,7 +47,7 @@ def _rest(kwargs: dict, *names: str) -> dict:
 def _started(event: str, manager: Any, args: tuple, kwargs: dict, runs: Any) -> None:
     """Hand a start event to the handler for each run the manager made (one per prompt, one tool run)."""
     h = callbacks.HANDLER
-    serialized = args[0] if args else kwargs.get("serialized")
+    serialized = arg(args, kwargs, 0, "serialized")
     if event == "on_tool_start":
         rest = _rest(kwargs, "serialized", "input_str", "run_id", "parent_run_id", "inputs")
         h.on_tool_start(serialized, arg(args, kwargs, 1, "input_str"), run_id=runs.run_id,
@@ -56,7 +56,7 @@ def _started(event: str, manager: Any, args: tuple, kwargs: dict, runs: Any) -> 
     items = _STARTS[event]
     rest = _rest(kwargs, "serialized", items, "run_id")
     handle, metadata = getattr(h, event), manager.metadata
-    for item, run in zip((args[1] if len(args) > 1 else kwargs.get(items)) or (), runs or ()):
+    for item, run in zip(arg(args, kwargs, 1, items) or (), runs or ()):
         handle(serialized, [item], run_id=run.run_id, metadata=metadata, **rest)
 
 
@@ -88,7 +88,7 @@ def _ended(on_end: Any, result: str, in_flight: str, state: Any, run: Any, args:
     # ``on_end``: the handler's method; ``in_flight``: the state's registry of its runs (calls, tools).
     if getattr(state, in_flight) and _listening(state, run):
         try:
-            on_end(args[0] if args else kwargs.get(result), run_id=run.run_id)
+            on_end(arg(args, kwargs, 0, result), run_id=run.run_id)
         except Exception as e:  # noqa: BLE001
             capture_error("langgraph.manager_end", e)
 

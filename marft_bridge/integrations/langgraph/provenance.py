@@ -22,7 +22,7 @@ from datetime import datetime
 from itertools import filterfalse, repeat
 from typing import Any
 
-from ...capture.values import utcnow
+from ...schema import utcnow
 
 Provenance = frozenset  # of action ids
 EMPTY: frozenset[str] = frozenset()

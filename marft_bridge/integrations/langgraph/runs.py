@@ -146,7 +146,7 @@ class _Run:
         tasks = self.state.tasks
         for tid in self.task_ids:
             t = tasks.pop(tid, None)
-            if t is not None and (t.children or t.pushed or t.received or t.pusher is not None):
+            if t is not None:
                 t.children, t.pushed, t.received, t.pusher = [], [], set(), None
         self.public.clear()
         self.state.forget(self)

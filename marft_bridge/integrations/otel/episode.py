@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...capture import messages as msgs
 from ...capture_errors import capture_error
@@ -96,6 +96,17 @@ def _task(nodes: list[Span], root: Span) -> Any:
     return _loads(raw) if isinstance(raw, str) and raw[:1] in "{[" else raw
 
 
+class _Asked(NamedTuple):
+    """A tool call a model call emitted, not yet answered by a tool span."""
+
+    call_id: str
+    tool: Any
+    arguments: Any
+    action: str  # the model call's action id
+    agent_span: int | None  # the nearest agent span above that call
+    start: int  # the call's span start (ns)
+
+
 class _Flow:
     """What the spans recorded so far tell the next one: actions by span, tool-call ids, handoffs."""
 
@@ -107,8 +118,7 @@ class _Flow:
         self.by_span: dict[int, str] = {}  # span id -> its action
         self.below: dict[int, int] = {}  # span id -> actions recorded below it
         self.handoffs: dict[str, str] = {}  # agent name -> the handoff tool step that named it, not yet taken
-        # call id, tool name, arguments, the asking call, its agent span, its start
-        self.unanswered: list[tuple[str, Any, Any, str, int | None, int]] = []
+        self.unanswered: list[_Asked] = []  # tool calls no tool span has answered yet
         self.aliases: dict[str, str] = {}  # a tool span's own call id -> the id in the model call's output
         self.asked: dict[int, str] = {}  # tool span id -> the model call found to have asked for it
 
@@ -123,15 +133,14 @@ class _Flow:
         cid = str(tool_meta["tool_call_id"]) if tool_meta.get("tool_call_id") else None
         if cid is not None and cid in self.emitted:
             return self.emitted[cid]
-        owner = self.agent_of(n)
-        for i, (mid, name, args, aid, where, start) in enumerate(self.unanswered):
-            if (name, args, where) == (tool_meta.get("tool.name"), tool_meta.get("tool.arguments"), owner) \
-                    and start <= n.start:
+        want = (tool_meta.get("tool.name"), tool_meta.get("tool.arguments"), self.agent_of(n))
+        for i, c in enumerate(self.unanswered):
+            if (c.tool, c.arguments, c.agent_span) == want and c.start <= n.start:
                 del self.unanswered[i]
                 if cid is not None:
-                    self.emitted[cid], self.aliases[cid] = aid, mid
-                self.asked[n.id] = aid
-                return aid
+                    self.emitted[cid], self.aliases[cid] = c.action, c.call_id
+                self.asked[n.id] = c.action
+                return c.action
         return None
 
     def agent_of(self, n: Span) -> int | None:
@@ -179,15 +188,15 @@ def _record_span(rec: Any, n: Span, flow: _Flow) -> None:
         if c.get("id"):
             flow.emitted.setdefault(str(c["id"]), new_id)
             fn = c.get("function") or {}
-            flow.unanswered.append((str(c["id"]), fn.get("name"), _loads(fn.get("arguments")), new_id,
-                                    flow.agent_of(n), n.start))
+            flow.unanswered.append(_Asked(str(c["id"]), fn.get("name"), _loads(fn.get("arguments")), new_id,
+                                          flow.agent_of(n), n.start))
     if kind == "tool" and meta.get("tool_call_id"):
         cid = str(meta["tool_call_id"])
         flow.answered[cid] = new_id
         mid = flow.aliases.get(cid, cid)
         flow.answered[mid] = new_id
         if mid == cid:  # matched by its id: that one call's entry is answered (ids like ADK's repeat)
-            flow.unanswered = [u for u in flow.unanswered if (u[0], u[3]) != (cid, asked)]
+            flow.unanswered = [u for u in flow.unanswered if (u.call_id, u.action) != (cid, asked)]
     if kind == "tool" and not n.error() and (target := handoff_target(meta)):
         flow.handoffs[target] = new_id
     flow.note(n, new_id, rec.get_action(new_id).output.text)

@@ -112,7 +112,6 @@ def tool_fields(a: dict[str, Any]) -> dict[str, Any]:
             "metadata": meta}
 
 
-
 def _block_text(block: Any) -> str:
     """A result block as text: its ``text``, else itself as JSON (``{"json": ...}``, an image's
     description), so nothing the tool returned is dropped."""
@@ -156,14 +155,14 @@ def legacy_messages(events: list[tuple[str, dict[str, Any]]]) -> tuple[list[dict
     inputs, outputs = [], []
     for name, attrs in events:
         if name in LEGACY_ROLES:
-            inputs.append({"role": LEGACY_ROLES[name], "parts": _legacy_parts(attrs.get("content"), attrs)})
+            inputs.append({"role": LEGACY_ROLES[name], "parts": _legacy_parts(attrs.get("content"))})
         elif name == "gen_ai.choice":
-            outputs.append({"role": "assistant", "parts": _legacy_parts(attrs.get("message"), attrs),
+            outputs.append({"role": "assistant", "parts": _legacy_parts(attrs.get("message")),
                             **({"finish_reason": attrs["finish_reason"]} if attrs.get("finish_reason") else {})})
     return inputs, outputs
 
 
-def _legacy_parts(content: Any, attrs: dict[str, Any]) -> list[dict]:
+def _legacy_parts(content: Any) -> list[dict]:
     """An event's content as parts: plain text; a message object (``content``, ``tool_calls``); or a
     list of content blocks (``text``, ``toolUse``, ``toolResult``: Strands' and Bedrock's shape)."""
     value = loads(content)

@@ -38,19 +38,20 @@ def span_attributes(span: Any) -> dict[str, Any]:
                 out.setdefault(k, v)
         elif event.name in LEGACY_EVENTS:
             legacy.append((event.name, dict(event.attributes or {})))
-    if legacy and "gen_ai.input.messages" not in out and "gen_ai.output.messages" not in out:
-        try:
-            inputs, outputs = _legacy_messages(legacy)
-        except (RecursionError, ValueError, TypeError, AttributeError) as e:  # this span's content only
-            capture_error("otel.legacy_events", e)
-            return out
-        if out.get("gen_ai.operation.name") == "execute_tool":  # the call's arguments in, its result out
-            for key, events in (("gen_ai.tool.call.arguments", "gen_ai.tool.message"), ("gen_ai.tool.call.result", "gen_ai.choice")):
-                body = next((a.get("content", a.get("message")) for n, a in legacy if n == events), None)
-                if body is not None:
-                    out.setdefault(key, body)
-        else:
-            out["gen_ai.input.messages"], out["gen_ai.output.messages"] = json.dumps(inputs), json.dumps(outputs)
+    if not legacy or "gen_ai.input.messages" in out or "gen_ai.output.messages" in out:
+        return out
+    if out.get("gen_ai.operation.name") == "execute_tool":  # the call's arguments in, its result out
+        for key, events in (("gen_ai.tool.call.arguments", "gen_ai.tool.message"), ("gen_ai.tool.call.result", "gen_ai.choice")):
+            body = next((a.get("content", a.get("message")) for n, a in legacy if n == events), None)
+            if body is not None:
+                out.setdefault(key, body)
+        return out
+    try:
+        inputs, outputs = _legacy_messages(legacy)
+    except (RecursionError, ValueError, TypeError, AttributeError) as e:  # this span's content only
+        capture_error("otel.legacy_events", e)
+        return out
+    out["gen_ai.input.messages"], out["gen_ai.output.messages"] = json.dumps(inputs), json.dumps(outputs)
     return out
 
 
@@ -90,19 +91,17 @@ class Span:
         if not isinstance(self.meta, dict):
             self.meta = {}
         a = self.attrs
-        op = a.get("gen_ai.operation.name")
-        kind = a.get("openinference.span.kind")
         self.own = "marft.action.id" in a  # emitted by SpanEmitter: exact fields under marft.*
         self.kind: str | None = call_kind(a)  # llm | tool | env | agent | workflow
         if self.own:
             self.kind = self.kind or "env"
-        elif self.kind is not None:
-            pass
-        elif op == "invoke_agent" or kind == "AGENT" or (
-                kind == "CHAIN" and self.meta.get("langgraph_node") and not str(self.meta["langgraph_node"]).startswith("__")):
-            self.kind = "agent"
-        elif op in ("invoke_workflow", "create_agent") or (kind == "CHAIN" and self.parent_id is None):
-            self.kind = "workflow"
+        elif self.kind is None:
+            op, kind = a.get("gen_ai.operation.name"), a.get("openinference.span.kind")
+            node = self.meta.get("langgraph_node")
+            if op == "invoke_agent" or kind == "AGENT" or (kind == "CHAIN" and node and not str(node).startswith("__")):
+                self.kind = "agent"
+            elif op in ("invoke_workflow", "create_agent") or (kind == "CHAIN" and self.parent_id is None):
+                self.kind = "workflow"
 
     def agent_name(self) -> str | None:
         named = self.own_name()
